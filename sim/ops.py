@@ -1,0 +1,61 @@
+"""The sans-I/O operations that every collective and every algorithm step yields.
+
+A collective (``sim.collectives``) or an S-SGD worker step (``sim.algorithms``) is a Python
+generator, one per rank. It never touches a clock or a socket: it *yields* operations and a
+driver carries them out.
+
+- :class:`Send`  -- deliver ``payload`` (``nbytes`` bytes on the wire) to rank ``dst``. The
+  yielding rank is blocked until the message has been delivered (the alpha-beta model's
+  assumption: an uncontended message costs its sender ``alpha + nbytes * beta`` seconds).
+  The generator receives ``None``.
+- :class:`Recv`  -- wait for the next message from rank ``src``; messages between one ordered
+  pair of ranks arrive in FIFO order. The generator receives the payload.
+- :class:`Compute` -- local work of a given ``kind`` and size (``work``, in the unit the kind
+  defines); a simulated driver turns it into seconds through a compute model, a real driver
+  ignores it (real time passes by itself).
+
+Drivers: ``sim.drivers.run_lockstep`` (no clock, plain Python), ``sim.cluster`` (SimPy network
+and compute models) and ``sim.torch_backend`` (torch.distributed point-to-point). Because the
+numerics live in the generators, every driver computes the same numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generator
+
+#: Compute kinds and the unit of their ``work`` field.
+COMPUTE_KINDS = {
+    "forward_backward": "samples in the local mini-batch",
+    "select": "elements scanned by a top-k selection",
+    "merge": "elements merged (sparse add + top-k over the union)",
+    "reduce": "elements added in a dense reduction",
+    "update": "parameters updated",
+}
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send ``payload`` to rank ``dst``; ``nbytes`` (int, bytes) is its size on the wire."""
+
+    dst: int
+    payload: Any
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Recv:
+    """Receive the next message from rank ``src`` (FIFO per ordered pair of ranks)."""
+
+    src: int
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Local work: ``kind`` is a key of :data:`COMPUTE_KINDS`; ``work`` its size (>= 0)."""
+
+    kind: str
+    work: float
+
+
+#: Type of a per-rank collective or step generator returning ``R``.
+Program = Generator[Any, Any, Any]
