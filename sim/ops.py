@@ -5,11 +5,17 @@ generator, one per rank. It never touches a clock or a socket: it *yields* opera
 driver carries them out.
 
 - :class:`Send`  -- deliver ``payload`` (``nbytes`` bytes on the wire) to rank ``dst``. The
-  yielding rank is blocked until the message has been delivered (the alpha-beta model's
-  assumption: an uncontended message costs its sender ``alpha + nbytes * beta`` seconds).
-  The generator receives ``None``.
+  yielding rank is blocked until the message has been delivered. The generator receives ``None``.
 - :class:`Recv`  -- wait for the next message from rank ``src``; messages between one ordered
   pair of ranks arrive in FIFO order. The generator receives the payload.
+- :class:`SendRecv` -- both at once (MPI_Sendrecv): send to ``dst`` and receive from ``src``
+  concurrently; the generator receives the payload from ``src``. Used by pairwise exchanges
+  (recursive doubling, ring steps), where two blocking sends would deadlock.
+
+Matching is rendezvous: a transfer starts when the sender has posted its Send and the receiver its
+Recv for that pair (MPI's rendezvous protocol for large messages). A rank posts one receive at a
+time, so on a non-blocking switch the round-structured collectives here never contend, and an
+uncontended message costs ``alpha + nbytes * beta`` (the alpha-beta model).
 - :class:`Compute` -- local work of a given ``kind`` and size (``work``, in the unit the kind
   defines); a simulated driver turns it into seconds through a compute model, a real driver
   ignores it (real time passes by itself).
@@ -46,6 +52,16 @@ class Send:
 class Recv:
     """Receive the next message from rank ``src`` (FIFO per ordered pair of ranks)."""
 
+    src: int
+
+
+@dataclass(frozen=True)
+class SendRecv:
+    """Send ``payload`` (``nbytes`` bytes) to ``dst`` and receive the next message from ``src``, concurrently."""
+
+    dst: int
+    payload: Any
+    nbytes: int
     src: int
 
 

@@ -1,0 +1,150 @@
+"""The simulated cluster: drives per-rank sans-I/O programs on a SimPy clock.
+
+Numerics and time are separate: the programs (collectives, S-SGD steps) compute the real numbers;
+this driver only advances the simulated clock, through the network model (:mod:`sim.network`) for
+messages and the compute model (:mod:`sim.compute`) for :class:`~sim.ops.Compute` operations.
+
+Message semantics are rendezvous (:mod:`sim.ops`): a transfer starts when the sender's Send and
+the receiver's Recv for that ordered pair are both posted, and both sides complete when the last
+byte has arrived. Per rank the driver accounts seconds in three categories:
+``compute`` (forward_backward, update), ``compress`` (select, merge) and ``comm`` (time blocked in
+Send/Recv/SendRecv, plus dense reduction compute).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import simpy
+
+from .compute import ComputeModel
+from .errors import check_range
+from .network import Network, NetworkSpec
+from .ops import Compute, Recv, Send, SendRecv
+
+__all__ = ["SimCluster", "CATEGORY_OF_KIND", "CATEGORIES"]
+
+CATEGORIES = ("compute", "compress", "comm")
+#: Which timeline category each compute kind is accounted to.
+CATEGORY_OF_KIND = {
+    "forward_backward": 0,
+    "update": 0,
+    "select": 1,
+    "merge": 1,
+    "reduce": 2,
+}
+
+
+class SimCluster:
+    """P simulated ranks on one SimPy environment, a network and a compute model.
+
+    P: int >= 1. network: a :class:`~sim.network.NetworkSpec`. compute: a
+    :class:`~sim.compute.ComputeModel` (default: all compute costs zero). ``trace=True`` records
+    every message as (start_s, end_s, src, dst, nbytes) in :attr:`trace`.
+    Attributes: ``env`` (simpy.Environment, time in seconds), ``net`` (:class:`~sim.network.Network`),
+    ``busy`` (float array (P, 3): seconds per rank in compute / compress / comm, cumulative).
+    Raises SparsimError for P < 1.
+    """
+
+    def __init__(self, P: int, network: NetworkSpec, compute: ComputeModel | None = None, *, trace: bool = False):
+        check_range("P", P, 1)
+        self.P = int(P)
+        self.env = simpy.Environment()
+        self.net = Network(self.env, self.P, network)
+        self.compute = compute if compute is not None else ComputeModel(forward_backward_s=0.0, select_coeff_s=0.0)
+        self._sends: dict[tuple[int, int], deque] = {}
+        self._recvs: dict[tuple[int, int], deque] = {}
+        self.busy = np.zeros((self.P, 3))
+        self.trace: list[tuple[float, float, int, int, int]] | None = [] if trace else None
+
+    # -- rendezvous matching ------------------------------------------------------------------
+    def _start(self, src, dst, payload, nbytes, send_ev, recv_ev):
+        env = self.env
+
+        def xfer():
+            t0 = env.now
+            yield self.net.transfer(src, dst, nbytes)
+            if self.trace is not None:
+                self.trace.append((t0, env.now, src, dst, nbytes))
+            send_ev.succeed()
+            recv_ev.succeed(payload)
+
+        env.process(xfer())
+
+    def _post_send(self, src, dst, payload, nbytes):
+        ev = self.env.event()
+        q = self._recvs.get((src, dst))
+        if q:
+            self._start(src, dst, payload, nbytes, ev, q.popleft())
+        else:
+            self._sends.setdefault((src, dst), deque()).append((payload, nbytes, ev))
+        return ev
+
+    def _post_recv(self, src, dst):
+        ev = self.env.event()
+        q = self._sends.get((src, dst))
+        if q:
+            payload, nbytes, send_ev = q.popleft()
+            self._start(src, dst, payload, nbytes, send_ev, ev)
+        else:
+            self._recvs.setdefault((src, dst), deque()).append(ev)
+        return ev
+
+    # -- program execution ----------------------------------------------------------------------
+    def execute(self, rank: int, program, iteration: int = 0):
+        """SimPy process body: run one program for ``rank``; use as ``yield from cluster.execute(...)``.
+
+        Returns the program's return value. Compute operations cost
+        ``compute.seconds(kind, work, rank, iteration)`` seconds of simulated time.
+        """
+        env = self.env
+        busy = self.busy[rank]
+        value = None
+        while True:
+            try:
+                op = program.send(value)
+            except StopIteration as stop:
+                return stop.value
+            value = None
+            t0 = env.now
+            if isinstance(op, Compute):
+                sec = self.compute.seconds(op.kind, op.work, rank, iteration)
+                if sec > 0:
+                    yield env.timeout(sec)
+                busy[CATEGORY_OF_KIND[op.kind]] += sec
+                continue
+            if isinstance(op, Send):
+                yield self._post_send(rank, op.dst, op.payload, op.nbytes)
+            elif isinstance(op, Recv):
+                value = yield self._post_recv(op.src, rank)
+            elif isinstance(op, SendRecv):
+                s_ev = self._post_send(rank, op.dst, op.payload, op.nbytes)
+                r_ev = self._post_recv(op.src, rank)
+                yield s_ev & r_ev
+                value = r_ev.value
+            else:
+                raise TypeError(f"rank {rank} yielded {op!r}, not a sim.ops operation")
+            busy[2] += env.now - t0
+
+    def run_programs(self, programs: list, iteration: int = 0) -> tuple[list, np.ndarray]:
+        """Run one program per rank from the current time to completion.
+
+        Returns (results by rank, finish time of each rank in seconds as float array (P,)).
+        Raises RuntimeError if some rank never finishes (a deadlocked collective).
+        """
+        if len(programs) != self.P:
+            raise ValueError(f"{len(programs)} programs for P = {self.P} ranks")
+        results = [None] * self.P
+        finish = np.full(self.P, np.nan)
+
+        def body(r):
+            results[r] = yield from self.execute(r, programs[r], iteration)
+            finish[r] = self.env.now
+
+        for r in range(self.P):
+            self.env.process(body(r))
+        self.env.run()
+        if np.isnan(finish).any():
+            stuck = [int(r) for r in np.flatnonzero(np.isnan(finish))]
+            raise RuntimeError(f"deadlock: ranks {stuck} never finished")
+        return results, finish

@@ -1,0 +1,154 @@
+"""Compute model: turns a :class:`sim.ops.Compute` operation into simulated seconds.
+
+Units: seconds (s); ``work`` is in the unit :data:`sim.ops.COMPUTE_KINDS` gives for each kind.
+Random draws (jitter, stragglers) come from ``np.random.default_rng([seed, rank, iteration])``,
+so a draw depends only on ``(seed, rank, iteration)``: never on the order in which ranks ask, on
+how many other draws happened, or on the machine.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import numpy as np
+
+from sim.errors import ConfigError, SparsimError, check_range
+from sim.ops import COMPUTE_KINDS
+
+__all__ = ["JITTERS", "ComputeModel"]
+
+#: Valid values of :attr:`ComputeModel.jitter`.
+JITTERS = ("none", "lognormal", "exponential")
+
+
+def _check_real(name, value, lo=None, hi=None, *, lo_open=False, err=ConfigError) -> float:
+    """Check ``value`` is a finite real (not bool) in range; raise ``err`` naming it otherwise."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+        left = "" if lo is None else f"{lo} {'<' if lo_open else '<='} "
+        right = "" if hi is None else f" <= {hi}"
+        raise err(f"{name} = {value!r} is out of range: valid finite real {left}{name}{right}")
+    try:
+        check_range(name, value, lo, hi, lo_open=lo_open)
+    except SparsimError as e:
+        if err is SparsimError:
+            raise
+        raise err(str(e)) from None
+    return float(value)
+
+
+def _check_nonneg_int(name, value, err=SparsimError) -> int:
+    """Check ``value`` is an integer (Python or numpy, not bool) >= 0; return it as int."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+        raise err(f"{name} = {value!r} is out of range: valid integer 0 <= {name}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """Per-worker compute times for the :data:`sim.ops.COMPUTE_KINDS` operations.
+
+    Attributes:
+        forward_backward_s: seconds of forward + backward pass per iteration per worker at the
+            configured batch size, finite, >= 0.
+        jitter: ``"none"``, ``"lognormal"`` (time multiplied by ``exp(s Z - s**2 / 2)``,
+            ``Z ~ N(0, 1)``, ``s = jitter_scale``: mean factor 1) or ``"exponential"`` (time
+            plus ``forward_backward_s * E``, ``E`` exponential with mean ``jitter_scale``).
+        jitter_scale: lognormal sigma, or the exponential mean extra as a fraction of
+            ``forward_backward_s``; finite, >= 0.
+        straggler_prob: probability in [0, 1] that a worker straggles in an iteration.
+        straggler_factor: multiplier (>= 1) of a straggler's forward/backward time.
+        select_coeff_s: seconds per ``x log2 x`` of a top-k selection over ``x`` elements,
+            ``t = c x log2 x``; default 2.19e-10 s, the gTop-k authors' fit on a P102-100 GPU
+            (ICDCS 2019 released scripts, see COSTS.md). Finite, >= 0.
+        merge_coeff_s: seconds per element merged (sparse add + top-k over the union), >= 0.
+        reduce_coeff_s: seconds per element added in a dense reduction, >= 0.
+        update_coeff_s: seconds per parameter updated, >= 0.
+        seed: integer >= 0 seeding the jitter/straggler draws.
+
+    Raises:
+        ConfigError: a value out of range or an unknown jitter kind (the message names it).
+    """
+
+    forward_backward_s: float = 0.0
+    jitter: str = "none"
+    jitter_scale: float = 0.0
+    straggler_prob: float = 0.0
+    straggler_factor: float = 1.0
+    select_coeff_s: float = 2.19e-10
+    merge_coeff_s: float = 0.0
+    reduce_coeff_s: float = 0.0
+    update_coeff_s: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        _check_real("forward_backward_s", self.forward_backward_s, 0)
+        if self.jitter not in JITTERS:
+            raise ConfigError(f"jitter = {self.jitter!r} is unknown: valid jitters are {', '.join(JITTERS)}")
+        _check_real("jitter_scale", self.jitter_scale, 0)
+        _check_real("straggler_prob", self.straggler_prob, 0, 1)
+        _check_real("straggler_factor", self.straggler_factor, 1)
+        _check_real("select_coeff_s", self.select_coeff_s, 0)
+        _check_real("merge_coeff_s", self.merge_coeff_s, 0)
+        _check_real("reduce_coeff_s", self.reduce_coeff_s, 0)
+        _check_real("update_coeff_s", self.update_coeff_s, 0)
+        _check_nonneg_int("seed", self.seed, err=ConfigError)
+
+    def forward_backward_factor(self, rank: int, iteration: int) -> float:
+        """Return the multiplier (> 0) of ``forward_backward_s`` for ``rank`` at ``iteration``.
+
+        Draws, always in this order and all three whatever the configuration (so changing the
+        jitter kind never changes which workers straggle): ``u ~ U[0, 1)`` for the straggler,
+        ``Z ~ N(0, 1)`` and ``E ~ Exp(1)`` for the jitter, from
+        ``np.random.default_rng([seed, rank, iteration])``.
+
+        Raises:
+            SparsimError: ``rank`` or ``iteration`` not an integer >= 0.
+        """
+        rank = _check_nonneg_int("rank", rank)
+        iteration = _check_nonneg_int("iteration", iteration)
+        rng = np.random.default_rng([self.seed, rank, iteration])
+        u = rng.random()
+        z = rng.standard_normal()
+        e = rng.standard_exponential()
+        if self.jitter == "lognormal":
+            s = self.jitter_scale
+            factor = math.exp(s * z - 0.5 * s * s)
+        elif self.jitter == "exponential":
+            factor = 1.0 + self.jitter_scale * e
+        else:
+            factor = 1.0
+        if u < self.straggler_prob:
+            factor *= self.straggler_factor
+        return factor
+
+    def seconds(self, kind: str, work: float, rank: int, iteration: int) -> float:
+        """Return the simulated duration in seconds of ``work`` of ``kind`` on ``rank`` at ``iteration``.
+
+        - ``"forward_backward"``: ``forward_backward_s * forward_backward_factor(rank, iteration)``
+          (``work``, the local batch in samples, is validated but not used: ``forward_backward_s``
+          is already the time at the configured batch).
+        - ``"select"``: ``select_coeff_s * x * log2(x)`` with ``x = work`` elements; 0 for x <= 1.
+        - ``"merge"``: ``merge_coeff_s * work``; ``"reduce"``: ``reduce_coeff_s * work``;
+          ``"update"``: ``update_coeff_s * work``.
+
+        Deterministic: depends only on the arguments and the model.
+
+        Raises:
+            SparsimError: unknown ``kind`` (the message lists :data:`sim.ops.COMPUTE_KINDS`),
+                ``work`` not a finite real >= 0, or ``rank``/``iteration`` not integers >= 0.
+        """
+        if kind not in COMPUTE_KINDS:
+            raise SparsimError(f"kind = {kind!r} is unknown: valid kinds are {', '.join(COMPUTE_KINDS)}")
+        x = _check_real("work", work, 0, err=SparsimError)
+        if kind == "forward_backward":
+            return self.forward_backward_s * self.forward_backward_factor(rank, iteration)
+        _check_nonneg_int("rank", rank)
+        _check_nonneg_int("iteration", iteration)
+        if kind == "select":
+            return self.select_coeff_s * x * math.log2(x) if x > 1 else 0.0
+        if kind == "merge":
+            return self.merge_coeff_s * x
+        if kind == "reduce":
+            return self.reduce_coeff_s * x
+        return self.update_coeff_s * x

@@ -1,0 +1,108 @@
+"""Closed-form alpha-beta costs of the collectives in :mod:`sim.collectives` (seconds).
+
+alpha: per-message latency (s); beta: seconds per byte; P: ranks (>= 1); n, m: bytes.
+Each function is the exact time of the matching message-level collective on a contention-free
+network (every message alone costs alpha + bytes * beta) with zero compute cost, for ANY P;
+``tests/test_costs.py`` checks that equality on the SimPy network for P in 1..16, 31, 32, 33.
+For P a power of two they are the formulas of Thakur, Rabenseifner and Gropp (2005) and
+../shared/COSTS.md. Reduction and merge compute are a separate, explicit term of the compute model.
+"""
+from __future__ import annotations
+
+from math import ceil
+
+from .collectives import mask_nbytes, pof2_split
+
+__all__ = [
+    "ceil_lg",
+    "ring_allreduce_time",
+    "rd_allreduce_time",
+    "bruck_allgather_time",
+    "topk_allgather_time",
+    "gtopk_tree_time",
+    "gtopk_rd_time",
+    "collective_time",
+]
+
+
+def ceil_lg(P: int) -> int:
+    """ceil(log2 P) for P >= 1 (0 for P = 1)."""
+    return (int(P) - 1).bit_length()
+
+
+def ring_allreduce_time(P: int, d: int, alpha: float, beta: float, value_bytes: int = 4) -> float:
+    """Ring allreduce of d values: 2(P-1) (alpha + ceil(d/P) * value_bytes * beta).
+
+    With n = d * value_bytes divisible by P this is 2(P-1) alpha + 2 n (P-1)/P beta (COSTS.md);
+    otherwise every step is paced by the largest chunk, ceil(d/P) elements.
+    """
+    if P == 1:
+        return 0.0
+    chunk = -(-d // P) * value_bytes
+    return 2 * (P - 1) * (alpha + chunk * beta)
+
+
+def rd_allreduce_time(P: int, n: int, alpha: float, beta: float) -> float:
+    """Recursive-doubling allreduce of n bytes: (lg pof2 + 2*[rem > 0]) (alpha + n beta)."""
+    pof2, rem = pof2_split(P)
+    rounds = pof2.bit_length() - 1 + (2 if rem else 0)
+    return rounds * (alpha + n * beta)
+
+
+def bruck_allgather_time(P: int, m: int, alpha: float, beta: float) -> float:
+    """Bruck allgather of one m-byte block per rank: ceil(lg P) alpha + (P-1) m beta."""
+    return ceil_lg(P) * alpha + (P - 1) * m * beta
+
+
+def topk_allgather_time(P: int, k: int, alpha: float, beta: float, value_bytes: int = 4, index_bytes: int = 4) -> float:
+    """Top-k S-SGD allgather, k elements of s = value_bytes + index_bytes per rank: ceil(lg P) alpha + (P-1) k s beta."""
+    return bruck_allgather_time(P, k * (value_bytes + index_bytes), alpha, beta)
+
+
+def gtopk_tree_time(P: int, k: int, alpha: float, beta: float, value_bytes: int = 4, index_bytes: int = 4,
+                    exact: bool = True) -> float:
+    """gTop-k binomial-tree reduce + broadcast with k-element messages.
+
+    ceil(lg P) (alpha + k s beta) + ceil(lg P) (alpha + (k s + b) beta), b = ceil(k/8) survival-mask bytes
+    for the exact mask, 0 for the reference-code rule; = 2 lg P (alpha + k s beta) (ICDCS 2019) when b = 0.
+    """
+    ks = k * (value_bytes + index_bytes)
+    b = mask_nbytes(k) if exact else 0
+    L = ceil_lg(P)
+    return L * (alpha + ks * beta) + L * (alpha + (ks + b) * beta)
+
+
+def gtopk_rd_time(P: int, k: int, alpha: float, beta: float, value_bytes: int = 4, index_bytes: int = 4,
+                  exact: bool = True) -> float:
+    """gTop-k recursive doubling with k-element messages.
+
+    lg pof2 (alpha + k s beta), plus (alpha + k s beta) + (alpha + (k s + b) beta) when P is not a power of
+    two (fold in and result back to the extra ranks), b = ceil(k/8) (exact mask) or 0 (reference rule).
+    """
+    ks = k * (value_bytes + index_bytes)
+    pof2, rem = pof2_split(P)
+    t = (pof2.bit_length() - 1) * (alpha + ks * beta)
+    if rem:
+        b = mask_nbytes(k) if exact else 0
+        t += (alpha + ks * beta) + (alpha + (ks + b) * beta)
+    return t
+
+
+def collective_time(name: str, P: int, d: int, k: int, alpha: float, beta: float, value_bytes: int = 4,
+                    index_bytes: int = 4, exact: bool = True) -> float:
+    """Closed-form time (s) of one S-SGD communication step by collective name.
+
+    name: "ring" | "recursive_doubling" (dense allreduce of d values), "allgather" (Top-k),
+    "gtopk_tree" | "gtopk_rd" (gTop-k). Raises KeyError for other names.
+    """
+    if name == "ring":
+        return ring_allreduce_time(P, d, alpha, beta, value_bytes)
+    if name == "recursive_doubling":
+        return rd_allreduce_time(P, d * value_bytes, alpha, beta)
+    if name == "allgather":
+        return topk_allgather_time(P, k, alpha, beta, value_bytes, index_bytes)
+    if name == "gtopk_tree":
+        return gtopk_tree_time(P, k, alpha, beta, value_bytes, index_bytes, exact)
+    if name == "gtopk_rd":
+        return gtopk_rd_time(P, k, alpha, beta, value_bytes, index_bytes, exact)
+    raise KeyError(name)
