@@ -1,0 +1,135 @@
+"""The ``sparsim`` command line (click).
+
+Every user error (bad scenario value, missing file, NaN in data or gradients, ...) is printed as one
+line ``error: ...`` on stderr with exit code 2; no traceback.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+
+from sim.errors import SparsimError
+
+__all__ = ["main"]
+
+
+def _user_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except SparsimError as err:
+            click.echo(f"error: {err}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="sparsim")
+def main():
+    """sparsim: simulate dense, Top-k and gTop-k S-SGD on a P-worker cluster; check the papers' bounds."""
+
+
+@main.command()
+@click.argument("scenario", required=False, type=click.Path(dir_okay=False))
+@click.option("--out", "out", default="runs/default", show_default=True, help="run directory to write")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a scenario key, e.g. --set cluster.P=16 (repeatable)")
+@click.option("--algorithms", default=None, help="comma-separated subset/order, e.g. dense,topk,gtopk")
+@click.option("--force", is_flag=True, help="overwrite a non-empty output directory")
+@click.option("--quiet", is_flag=True, help="no progress bar or summary table")
+@click.option("--check", "do_check", is_flag=True, help="run the theory checks on the finished run")
+@_user_errors
+def run(scenario, out, overrides, algorithms, force, quiet, do_check):
+    """Run SCENARIO (a TOML file; default: the embedded default scenario) and write --out."""
+    from .run import run_scenario
+    from .scenario import load_scenario
+
+    ov = list(overrides)
+    if algorithms:
+        ov.append(f"algorithms={algorithms}")
+    sc = load_scenario(scenario, ov)
+    path = run_scenario(sc, out, force=force, progress=not quiet)
+    if not quiet:
+        _print_summary(path)
+    if do_check:
+        from theory.check import check_run
+
+        click.echo(check_run(path).render())
+
+
+def _print_summary(path):
+    import json
+
+    s = json.loads((path / "summary.json").read_text())
+    r = s["resolved"]
+    click.echo(f"wrote {path}/ (metrics.csv, summary.json, figure.png, figure.pdf)")
+    click.echo(f"P = {r['P']}, d = {r['d']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}), "
+               f"B = {r['global_batch_B']}, network alpha = {r['network']['alpha_s']:.3g} s, "
+               f"beta = {r['network']['beta_s_per_byte']:.3g} s/byte")
+    click.echo(f"{'algorithm':<20}{'iter time ms':>13}{'compute':>9}{'compress':>9}{'comm':>9}"
+               f"{'sim time s':>11}{'final loss':>12}{'||grad||^2':>12}{'max delta':>10}")
+    for name, t in s["totals"].items():
+        md = "" if t["max_delta"] is None else f"{t['max_delta']:.3f}"
+        click.echo(f"{name:<20}{1e3 * t['mean_iter_time_s']:>13.3f}{1e3 * t['mean_compute_s']:>9.3f}"
+                   f"{1e3 * t['mean_compress_s']:>9.3f}{1e3 * t['mean_comm_s']:>9.3f}{t['sim_time_s']:>11.3f}"
+                   f"{t['final_loss']:>12.5f}{t['final_grad_norm_sq']:>12.3e}{md:>10}")
+
+
+@main.group()
+def scenario():
+    """Inspect scenarios."""
+
+
+@scenario.command("show")
+def scenario_show():
+    """Print the embedded default scenario (TOML)."""
+    from .scenario import DEFAULT_SCENARIO_TEXT
+
+    click.echo(DEFAULT_SCENARIO_TEXT, nl=False)
+
+
+@scenario.command("keys")
+def scenario_keys_cmd():
+    """Print every scenario key with type, default and meaning (Markdown table)."""
+    from .scenario import scenario_keys
+
+    click.echo("| key | type | default | meaning (unit) |\n|---|---|---|---|")
+    for key, typ, default, desc in scenario_keys():
+        click.echo(f"| `{key}` | {typ} | `{default}` | {desc} |")
+
+
+@main.command()
+@click.option("--P", "P", default="4,8,16,32,64,128", show_default=True, help="comma-separated worker counts")
+@click.option("--d", "d", type=int, default=25_000_000, show_default=True, help="parameters")
+@click.option("--density", type=float, default=0.001, show_default=True, help="k/d")
+@click.option("--network", default="1GbE", show_default=True, help="network preset")
+@_user_errors
+def predict(P, d, density, network):
+    """Closed-form communication time per iteration (ms) of each algorithm's collective."""
+    from sim.costs import collective_time
+    from sim.errors import check_range
+    from sim.network import get_preset
+
+    check_range("d", d, 1)
+    check_range("density", density, 0, 1, lo_open=True)
+    try:
+        Ps = [int(x) for x in P.split(",")]
+    except ValueError:
+        raise SparsimError(f"--P {P!r}: expected comma-separated integers >= 1") from None
+    for p in Ps:
+        check_range("P", p, 1)
+    alpha, beta = get_preset(network).end_to_end_alpha_beta()
+    k = max(1, round(density * d))
+    cols = ("ring", "recursive_doubling", "allgather", "gtopk_tree", "gtopk_rd")
+    click.echo(f"d = {d}, k = {k}, alpha = {alpha:.3g} s, beta = {beta:.3g} s/byte; times in ms")
+    click.echo(f"{'P':>6}" + "".join(f"{c:>20}" for c in cols))
+    for p in Ps:
+        click.echo(f"{p:>6}" + "".join(f"{1e3 * collective_time(c, p, d, k, alpha, beta):>20.3f}" for c in cols))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,79 @@
+"""Figures of a run (matplotlib, Agg backend; PNG and PDF)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+__all__ = ["run_figure"]
+
+
+def _by_alg(rows):
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["algorithm"], []).append(r)
+    return out
+
+
+def _num(v):
+    return math.nan if v in (None, "") else float(v)
+
+
+def run_figure(rows: list[dict], outdir: Path, title: str = "") -> list[Path]:
+    """Write ``figure.png`` and ``figure.pdf`` in ``outdir``; returns their paths.
+
+    Panels: loss and grad_norm_sq against iteration and against simulated time (s); mean simulated
+    time per iteration split into compute / compression / communication (s); delta (Assumption 1
+    ratio) over training for the sparse algorithms, with the delta = 1 line.
+    """
+    algs = _by_alg(rows)
+    fig, ax = plt.subplots(2, 3, figsize=(15, 8.5))
+    for name, rs in algs.items():
+        ev = [r for r in rs if not math.isnan(_num(r["loss"]))]
+        it = [r["iteration"] for r in ev]
+        tm = [_num(r["sim_time_s"]) for r in ev]
+        ls = [_num(r["loss"]) for r in ev]
+        gn = [_num(r["grad_norm_sq"]) for r in ev]
+        ax[0, 0].plot(it, ls, label=name)
+        ax[0, 1].plot(tm, ls, label=name)
+        ax[1, 0].semilogy(it, gn, label=name)
+        ax[1, 1].semilogy(tm, gn, label=name)
+        dl = [(r["iteration"], _num(r["delta"])) for r in rs if r["iteration"] > 0 and r["delta"] not in (None, "")]
+        if dl:
+            ax[1, 2].plot([a for a, _ in dl], [b for _, b in dl], label=name, lw=0.8)
+    ax[0, 0].set(xlabel="iteration", ylabel="loss f(v_t)", title="loss vs iteration")
+    ax[0, 1].set(xlabel="simulated time (s)", ylabel="loss f(v_t)", title="loss vs simulated time")
+    ax[1, 0].set(xlabel="iteration", ylabel="||grad f(v_t)||^2", title="gradient norm vs iteration")
+    ax[1, 1].set(xlabel="simulated time (s)", ylabel="||grad f(v_t)||^2", title="gradient norm vs simulated time")
+    ax[1, 2].axhline(1.0, color="k", ls="--", lw=0.8)
+    ax[1, 2].set(xlabel="iteration", ylabel="delta_t", title="Assumption 1 ratio delta (<= 1 holds)")
+    names = list(algs)
+    parts = {"compute": [], "compress": [], "comm": []}
+    for name in names:
+        it = [r for r in algs[name] if r["iteration"] > 0]
+        n = max(len(it), 1)
+        for key in parts:
+            parts[key].append(1e3 * sum(_num(r[f"{key}_s"]) for r in it) / n)
+    bottom = [0.0] * len(names)
+    for key, label in (("compute", "compute"), ("compress", "compression"), ("comm", "communication")):
+        ax[0, 2].bar(names, parts[key], bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, parts[key])]
+    for i, b in enumerate(bottom):
+        ax[0, 2].text(i, b, f"{b:.2f} ms", ha="center", va="bottom", fontsize=9)
+    ax[0, 2].set(ylabel="mean simulated time per iteration (ms)", title="where an iteration's time goes")
+    for a in ax.flat:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    outdir = Path(outdir)
+    paths = [outdir / "figure.png", outdir / "figure.pdf"]
+    for p in paths:
+        fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,252 @@
+"""Run a scenario: build the objective, shard the data, run each algorithm, write the run directory.
+
+Run directory (written to ``DIR.partial`` and renamed to ``DIR`` only when complete, so a failed or
+interrupted run never leaves a directory that looks finished):
+
+- ``metrics.csv``: one row per (algorithm, iteration); columns in :data:`sim.runner.METRIC_COLUMNS`.
+- ``summary.json``: the fully resolved scenario, seed, package versions, derived constants and totals.
+- ``figure.png`` / ``figure.pdf``: loss and grad_norm_sq against iteration and simulated time, the
+  per-iteration time breakdown and delta over training, one line per algorithm.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import platform
+import shutil
+import time
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from sim.algorithms import AlgorithmSpec
+from sim.compute import ComputeModel
+from sim.data import load_dataset, shard_indices
+from sim.errors import ConfigError, SparsimError
+from sim.network import NetworkSpec, get_preset
+from sim.objectives import make_objective
+from sim.runner import METRIC_COLUMNS, Workers, run_algorithm
+
+from .scenario import Scenario
+
+__all__ = ["build", "run_scenario", "write_metrics", "Built"]
+
+REAL_OBJECTIVES = ("logistic", "softmax")
+
+
+class Built:
+    """Everything a scenario resolves to: objective, workers, specs, network, compute, x0, schedule."""
+
+    def __init__(self, sc: Scenario):
+        self.scenario = sc
+        data = sc.data
+        if data.objective in REAL_OBJECTIVES:
+            if data.dataset == "libsvm" and not data.path:
+                raise ConfigError("data.path is empty: dataset = libsvm needs the path of a LIBSVM-format file")
+            kw = {"path": data.path} if data.dataset == "libsvm" else {}
+            if data.dataset == "synthetic_epsilon":
+                kw = {"n": data.n, "seed": sc.seed}
+            ds = load_dataset(data.dataset, **kw)
+            self.objective = make_objective(data.objective, dataset=ds, lam=data.lam, mu=data.mu)
+            labels = ds.y
+        else:
+            self.objective = make_objective(data.objective, d=data.d, n=data.n, seed=sc.seed)
+            labels = None
+        obj = self.objective
+        P = sc.cluster.P
+        if P > obj.n:
+            raise ConfigError(f"cluster.P = {P} is out of range: valid 1 <= P <= n = {obj.n} samples")
+        self.shards = shard_indices(obj.n, P, mode=data.sharding, labels=labels, seed=sc.seed)
+        smallest = min(len(s) for s in self.shards)
+        if sc.training.batch_size > smallest:
+            raise ConfigError(
+                f"training.batch_size = {sc.training.batch_size} is out of range: valid 1 <= batch_size <= "
+                f"{smallest} (the smallest shard with P = {P})")
+        self.workers = Workers(obj, self.shards, sc.training.batch_size, sc.seed)
+        self.d = obj.d
+        self.k = sc.k_for(self.d)
+        if self.k > self.d:
+            raise ConfigError(f"compression.k = {self.k} is out of range: valid 1 <= k <= d = {self.d}")
+        cl = sc.cluster
+        if cl.network == "custom":
+            self.network = NetworkSpec.from_alpha_beta(cl.alpha_s, cl.beta_s_per_byte, cl.topology, cl.quantum_s)
+        else:
+            base = get_preset(cl.network)
+            self.network = NetworkSpec(base.topology, base.link_latency_s, base.link_bandwidth_Bps, cl.quantum_s)
+        self.compute = ComputeModel(seed=sc.seed, **sc.compute.model_dump())
+        self.x0 = obj.x0(sc.seed)
+        c = sc.compression
+        self.specs = []
+        for name in sc.algorithms:
+            if name == "dense":
+                self.specs.append(AlgorithmSpec("dense", collective=c.dense_collective, value_bytes=c.value_bytes))
+            elif name == "topk":
+                self.specs.append(AlgorithmSpec("topk", k=self.k, value_bytes=c.value_bytes, index_bytes=c.index_bytes))
+            else:
+                mask = "reference" if name == "gtopk_reference" else c.gtopk_mask
+                self.specs.append(AlgorithmSpec("gtopk", k=self.k, collective=c.gtopk_collective, mask=mask,
+                                                value_bytes=c.value_bytes, index_bytes=c.index_bytes))
+        tr = sc.training
+        B = P * tr.batch_size
+        T = tr.iterations
+        if tr.schedule == "constant":
+            self.lr = lambda t: tr.lr
+        elif tr.schedule == "corollary2":
+            a = tr.theta * math.sqrt(B / T)
+            self.lr = lambda t: a
+        else:
+            self.lr = lambda t: tr.lr * tr.inverse_a / (tr.inverse_a + t)
+
+
+def build(sc: Scenario) -> Built:
+    """Resolve a validated scenario into runnable parts. Raises SparsimError for inconsistent values."""
+    return Built(sc)
+
+
+def _fmt(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "" if math.isnan(v) else repr(v)
+    return str(v)
+
+
+def write_metrics(path: Path, rows: list[dict]) -> None:
+    """Write rows to CSV with the :data:`METRIC_COLUMNS` header; floats in repr (round-trip) form, nan/None empty."""
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(METRIC_COLUMNS)
+        for r in rows:
+            w.writerow([_fmt(r[c]) for c in METRIC_COLUMNS])
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("sparsim", "numpy", "scipy", "simpy", "sympy", "scikit-learn", "matplotlib"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _totals(rows: list[dict]) -> dict:
+    last = rows[-1]
+    it = [r for r in rows if r["iteration"] > 0]
+    n = max(len(it), 1)
+    evald = [r for r in rows if not math.isnan(r["loss"])]
+    deltas = [r["delta"] for r in it if r["delta"] is not None and not math.isnan(r["delta"])]
+    return {
+        "iterations": len(it),
+        "sim_time_s": last["sim_time_s"],
+        "mean_iter_time_s": sum(r["iter_time_s"] for r in it) / n,
+        "mean_compute_s": sum(r["compute_s"] for r in it) / n,
+        "mean_compress_s": sum(r["compress_s"] for r in it) / n,
+        "mean_comm_s": sum(r["comm_s"] for r in it) / n,
+        "bytes_sent_per_worker": sum(r["bytes_sent"] for r in it),
+        "initial_loss": rows[0]["loss"],
+        "final_loss": evald[-1]["loss"],
+        "final_grad_norm_sq": evald[-1]["grad_norm_sq"],
+        "min_grad_norm_sq": min(r["grad_norm_sq"] for r in evald),
+        "max_delta": max(deltas) if deltas else None,
+        "mean_delta": (sum(deltas) / len(deltas)) if deltas else None,
+        "max_mass_error": max(r["mass_error"] for r in rows),
+    }
+
+
+def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, progress: bool = True,
+                 figure: bool = True) -> Path:
+    """Run every algorithm of ``sc`` and write the run directory ``out``; return its path.
+
+    The directory is built as ``out.partial`` and renamed when complete. Raises ConfigError if ``out``
+    exists and is not empty (unless ``force``), and any SparsimError of the run (the partial directory
+    is removed).
+    """
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise ConfigError(f"output directory {str(out)!r} exists and is not empty: choose another --out or pass --force")
+    built = build(sc)
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        rows: list[dict] = []
+        per_alg = {}
+        t_wall = time.perf_counter()
+        for spec in built.specs:
+            bar = _progress(spec.label, sc.training.iterations, progress)
+            try:
+                r = run_algorithm(spec, built.workers, T=sc.training.iterations, lr=built.lr, x0=built.x0,
+                                  network=built.network, compute=built.compute,
+                                  eval_every=sc.training.eval_every, on_row=bar.on_row)
+            finally:
+                bar.close()
+            per_alg[spec.label] = _totals(r)
+            rows.extend(r)
+        write_metrics(tmp / "metrics.csv", rows)
+        summary = {
+            "scenario": sc.model_dump(),
+            "seed": sc.seed,
+            "resolved": {
+                "d": built.d, "k": built.k, "compression_ratio_c": built.d / built.k, "density": built.k / built.d,
+                "n_samples": built.objective.n, "P": sc.cluster.P, "global_batch_B": sc.cluster.P * sc.training.batch_size,
+                "network": {**asdict(built.network), "alpha_s": built.network.end_to_end_alpha_beta()[0],
+                            "beta_s_per_byte": built.network.end_to_end_alpha_beta()[1]},
+                "lr_first": built.lr(1),
+                "objective": type(built.objective).__name__,
+                "constants": built.objective.constants(),
+                "x0_loss": rows[0]["loss"],
+            },
+            "algorithms": [asdict(s) for s in built.specs],
+            "totals": per_alg,
+            "versions": _versions(),
+            "wall_time_s": time.perf_counter() - t_wall,
+        }
+        with open(tmp / "summary.json", "w") as fh:
+            json.dump(summary, fh, indent=2, default=_json_default)
+        if figure:
+            from .plots import run_figure
+
+            run_figure(rows, tmp, title=f"{sc.name}: P = {sc.cluster.P}, d = {built.d}, k = {built.k}, "
+                                         f"{sc.cluster.network}")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+class _progress:
+    """A tqdm bar over iterations (shown only when the run lasts more than 2 s and stderr is a terminal)."""
+
+    def __init__(self, label, total, enabled):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=label, unit="it", delay=2.0, leave=False)
+
+    def on_row(self, row):
+        if self.bar is not None and row["iteration"] > 0:
+            self.bar.update(1)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,197 @@
+"""Scenarios: TOML files validated against a schema (pydantic), with ``--set dotted.key=value`` overrides.
+
+Every key, its unit and default is listed in the README (generated from this schema by
+``sparsim scenario keys``). Unknown keys, wrong types and out-of-range values raise
+:class:`~sim.errors.ConfigError` with a one-line message naming the key, the value and the valid range.
+"""
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sim.errors import ConfigError
+
+__all__ = ["Scenario", "load_scenario", "apply_overrides", "DEFAULT_SCENARIO_TEXT", "scenario_keys"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ClusterCfg(_Strict):
+    """The simulated cluster."""
+
+    P: int = Field(8, ge=1, le=65536, description="workers (ranks)")
+    network: str = Field("1GbE", description="network preset: 1GbE | 10GbE | IB100 | custom")
+    topology: Literal["star", "ring", "direct"] = Field("star", description="topology when network = custom")
+    alpha_s: float = Field(0.436e-3, ge=0, description="custom network: end-to-end latency alpha (s)")
+    beta_s_per_byte: float = Field(9e-9, gt=0, description="custom network: seconds per byte beta (1/bandwidth)")
+    quantum_s: float = Field(0.0, ge=0, description="time quantum (s); 0 = exact float time, 1e-9 = ASTRA-sim integer ns")
+
+
+class ComputeCfg(_Strict):
+    """Per-worker compute model."""
+
+    forward_backward_s: float = Field(0.005, ge=0, description="forward+backward time per iteration per worker (s)")
+    jitter: Literal["none", "lognormal", "exponential"] = Field("none", description="random variation of forward_backward_s")
+    jitter_scale: float = Field(0.0, ge=0, description="lognormal sigma, or exponential mean extra as a fraction")
+    straggler_prob: float = Field(0.0, ge=0, le=1, description="probability a worker straggles in an iteration")
+    straggler_factor: float = Field(1.0, ge=1, description="compute-time multiplier of a straggler")
+    select_coeff_s: float = Field(2.19e-10, ge=0, description="top-k selection: seconds per x*log2(x), x = d")
+    merge_coeff_s: float = Field(0.0, ge=0, description="gTop-k merge: seconds per element merged")
+    reduce_coeff_s: float = Field(0.0, ge=0, description="dense reduction: seconds per element added")
+    update_coeff_s: float = Field(0.0, ge=0, description="parameter update: seconds per parameter")
+
+
+class DataCfg(_Strict):
+    """Objective and data."""
+
+    objective: str = Field("softmax", description="softmax | logistic | sines | robust_regression")
+    dataset: str = Field("digits", description="real-data objectives: digits | breast_cancer | libsvm | synthetic_epsilon")
+    path: str = Field("", description="LIBSVM-format file when dataset = libsvm")
+    sharding: Literal["iid", "label"] = Field("iid", description="how samples are split over workers")
+    lam: float = Field(1e-3, ge=0, description="weight of the non-convex regulariser sum x^2/(1+x^2)")
+    mu: float = Field(0.0, ge=0, description="weight of the convex l2 term mu/2 ||x||^2")
+    d: int = Field(10_000, ge=10, le=10_000_000, description="synthetic objectives: dimension")
+    n: int = Field(1024, ge=1, description="synthetic objectives / synthetic_epsilon: samples")
+
+
+class TrainingCfg(_Strict):
+    """Optimisation."""
+
+    iterations: int = Field(300, ge=1, le=10_000_000, description="iterations T")
+    batch_size: int = Field(16, ge=1, description="per-worker mini-batch b (samples); B = P*b")
+    schedule: Literal["constant", "corollary2", "inverse"] = Field(
+        "constant", description="constant: lr; corollary2: theta*sqrt(B/T); inverse: lr*a/(a+t)")
+    lr: float = Field(0.5, gt=0, description="step size alpha (constant, and numerator of inverse)")
+    theta: float = Field(0.05, gt=0, description="Corollary 2 step constant")
+    inverse_a: float = Field(100.0, gt=0, description="inverse schedule offset a")
+    eval_every: int = Field(1, ge=1, description="evaluate loss and full gradient every this many iterations")
+
+
+class CompressionCfg(_Strict):
+    """Sparsification and the collectives."""
+
+    density: float = Field(0.01, gt=0, le=1, description="k/d when k = 0; compression ratio c = d/k")
+    k: int = Field(0, ge=0, description="selected coordinates per worker; 0 = round(density*d), at least 1")
+    value_bytes: int = Field(4, ge=1, le=16, description="bytes per transmitted value")
+    index_bytes: int = Field(4, ge=0, le=16, description="bytes per transmitted index")
+    dense_collective: Literal["ring", "recursive_doubling"] = Field("ring", description="dense allreduce")
+    gtopk_collective: Literal["tree", "recursive_doubling"] = Field("tree", description="gTop-k collective")
+    gtopk_mask: Literal["exact", "reference"] = Field("exact", description="gTop-k residual mask rule")
+
+
+class Scenario(_Strict):
+    """A whole scenario: what to run, on what cluster, with which data."""
+
+    name: str = Field("scenario", description="label used in outputs")
+    seed: int = Field(0, ge=0, description="seed of data sharding, mini-batches, jitter and initial point")
+    algorithms: list[Literal["dense", "topk", "gtopk", "gtopk_reference"]] = Field(
+        ["dense", "topk", "gtopk"], min_length=1, description="algorithms compared with identical data and seeds")
+    cluster: ClusterCfg = ClusterCfg()
+    compute: ComputeCfg = ComputeCfg()
+    data: DataCfg = DataCfg()
+    training: TrainingCfg = TrainingCfg()
+    compression: CompressionCfg = CompressionCfg()
+
+    def k_for(self, d: int) -> int:
+        """k for dimension d: the explicit k, else round(density * d) clamped to [1, d]."""
+        if self.compression.k:
+            return self.compression.k
+        return min(d, max(1, round(self.compression.density * d)))
+
+
+def _format_error(err: ValidationError, where: str) -> str:
+    e = err.errors()[0]
+    key = ".".join(str(p) for p in e["loc"])
+    if e["type"] == "extra_forbidden":
+        return f"{where}: unknown key {key!r}"
+    return f"{where}: {key} = {e.get('input')!r}: {e['msg']}"
+
+
+def _validate(data: dict, where: str) -> Scenario:
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err, where)) from None
+
+
+def _parse_value(text: str):
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``dotted.key=value`` strings to a scenario dict (values parsed as TOML, else as strings).
+
+    Raises ConfigError for a malformed override or an unknown key (naming it).
+    """
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected dotted.key=value")
+        key, text = item.split("=", 1)
+        parts = key.strip().split(".")
+        node, model = out, Scenario
+        for i, p in enumerate(parts):
+            fields = model.model_fields
+            if p not in fields:
+                raise ConfigError(f"--set {key}: unknown key {p!r}; valid keys here: {', '.join(fields)}")
+            ann = fields[p].annotation
+            if i < len(parts) - 1:
+                if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+                    raise ConfigError(f"--set {key}: {p!r} is not a table")
+                node = node.setdefault(p, {})
+                model = ann
+            else:
+                val = _parse_value(text.strip())
+                if p == "algorithms" and isinstance(val, str):
+                    val = [a.strip() for a in val.split(",") if a.strip()]
+                node[p] = val
+    return out
+
+
+DEFAULT_SCENARIO_TEXT = resources.files("experiments").joinpath("scenarios/default.toml").read_text()
+
+
+def load_scenario(path: str | None = None, overrides: list[str] | None = None) -> Scenario:
+    """Load a scenario TOML file (or the embedded default when ``path`` is None) and apply overrides.
+
+    Raises ConfigError for a missing file, invalid TOML, unknown keys, wrong types or values out of range.
+    """
+    if path is None:
+        text, where = DEFAULT_SCENARIO_TEXT, "default scenario"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"scenario file {str(p)!r} does not exist")
+        text, where = p.read_text(), str(p)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{where}: invalid TOML: {err}") from None
+    data = apply_overrides(data, overrides or [])
+    return _validate(data, where)
+
+
+def scenario_keys() -> list[tuple[str, str, object, str]]:
+    """Every scenario key as (dotted key, type, default, description), for the README table."""
+    rows = []
+
+    def walk(model, prefix):
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, prefix + name + ".")
+            else:
+                tname = getattr(ann, "__name__", str(ann)).replace("typing.", "")
+                rows.append((prefix + name, tname, f.default, f.description or ""))
+
+    walk(Scenario, "")
+    return rows
