@@ -119,7 +119,10 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
     if driver not in ("simpy", "lockstep"):
         raise ValueError(f"driver = {driver!r}: valid simpy, lockstep")
     rows: list[dict] = []
-    x_aux = x0.copy()  # the auxiliary sequence x_t = x_{t-1} - alpha_t G_t (THEORY.md section 3)
+    # the auxiliary sequence x_t = x_{t-1} - alpha_t G_t (THEORY.md section 3). v_t has applied only what
+    # reached g, so v_t = x_t + eps_t: THEORY.md writes x_t - v_t = eps_t, the sign is the other way round
+    # (the norm ||x_t - v_t|| = ||eps_t|| that the bounds use is the same).
+    x_aux = x0.copy()
 
     def evaluate(t, v):
         return t == 0 or t == T or t % eval_every == 0
@@ -142,7 +145,7 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
         x_aux = x_aux - lr(t) * (np.sum([o.grad for o in outs], axis=0) / P)
         v = outs[0].v
         eps = np.sum([o.residual for o in outs], axis=0) / P
-        aux_gap = float(np.max(np.abs((x_aux - v) - eps))) if d else 0.0
+        aux_gap = float(np.max(np.abs((v - x_aux) - eps))) if d else 0.0  # v_t - x_t = eps_t
         if evaluate(t, v):
             gf = obj.full_grad(v)
             loss, gn = obj.loss(v), float(gf @ gf)
