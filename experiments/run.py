@@ -73,7 +73,7 @@ class Built:
             raise ConfigError(f"compression.k = {self.k} is out of range: valid 1 <= k <= d = {self.d}")
         cl = sc.cluster
         if cl.network == "custom":
-            self.network = NetworkSpec.from_alpha_beta(cl.alpha_s, cl.beta_s_per_byte, cl.topology, cl.quantum_s)
+            self.network = NetworkSpec.from_alpha_beta(cl.alpha_s, 1.0 / cl.bandwidth_Bps, cl.topology, cl.quantum_s)
         else:
             base = get_preset(cl.network)
             self.network = NetworkSpec(base.topology, base.link_latency_s, base.link_bandwidth_Bps, cl.quantum_s)

@@ -29,7 +29,7 @@ class ClusterCfg(_Strict):
     network: str = Field("1GbE", description="network preset: 1GbE | 10GbE | IB100 | custom")
     topology: Literal["star", "ring", "direct"] = Field("star", description="topology when network = custom")
     alpha_s: float = Field(0.436e-3, ge=0, description="custom network: end-to-end latency alpha (s)")
-    beta_s_per_byte: float = Field(9e-9, gt=0, description="custom network: seconds per byte beta (1/bandwidth)")
+    bandwidth_Bps: float = Field(1 / 9e-9, gt=0, description="custom network: end-to-end bandwidth (bytes/s); beta = 1/bandwidth s/byte")
     quantum_s: float = Field(0.0, ge=0, description="time quantum (s); 0 = exact float time, 1e-9 = ASTRA-sim integer ns")
 
 
@@ -76,8 +76,8 @@ class TrainingCfg(_Strict):
 class CompressionCfg(_Strict):
     """Sparsification and the collectives."""
 
-    density: float = Field(0.01, gt=0, le=1, description="k/d when k = 0; compression ratio c = d/k")
-    k: int = Field(0, ge=0, description="selected coordinates per worker; 0 = round(density*d), at least 1")
+    density: float = Field(0.01, gt=0, le=1, description="k/d when k is unset; compression ratio c = d/k")
+    k: int | None = Field(None, ge=1, description="selected coordinates per worker (1 <= k <= d); unset: round(density*d), at least 1")
     value_bytes: int = Field(4, ge=1, le=16, description="bytes per transmitted value")
     index_bytes: int = Field(4, ge=0, le=16, description="bytes per transmitted index")
     dense_collective: Literal["ring", "recursive_doubling"] = Field("ring", description="dense allreduce")
@@ -100,7 +100,7 @@ class Scenario(_Strict):
 
     def k_for(self, d: int) -> int:
         """k for dimension d: the explicit k, else round(density * d) clamped to [1, d]."""
-        if self.compression.k:
+        if self.compression.k is not None:
             return self.compression.k
         return min(d, max(1, round(self.compression.density * d)))
 

@@ -124,10 +124,12 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
     or the accumulator is NaN/Inf.
     """
     d = v.shape[0]
-    grad = np.asarray(grad_fn(v), dtype=v.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        grad = np.asarray(grad_fn(v), dtype=v.dtype)
     yield Compute("forward_backward", batch_size)
     _check_finite(grad, "gradient", rank, iteration)
-    acc = residual + lr * grad
+    with np.errstate(over="ignore", invalid="ignore"):
+        acc = residual + lr * grad
     _check_finite(acc, "error-feedback accumulator", rank, iteration)
     vb, ib = spec.value_bytes, spec.index_bytes
     if spec.name == "dense":

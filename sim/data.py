@@ -267,7 +267,8 @@ def load_dataset(
         else:
             X = np.ascontiguousarray(X)
         source += f"; first {n_max} rows"
-    return Dataset(X=X, y=np.ascontiguousarray(y, dtype=np.int64), n_classes=int(C), name=name, source=source)
+    label = f"libsvm:{path}" if name == "libsvm" else name
+    return Dataset(X=X, y=np.ascontiguousarray(y, dtype=np.int64), n_classes=int(C), name=label, source=source)
 
 
 def shard_indices(

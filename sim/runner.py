@@ -147,8 +147,9 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
         eps = np.sum([o.residual for o in outs], axis=0) / P
         aux_gap = float(np.max(np.abs((v - x_aux) - eps))) if d else 0.0  # v_t - x_t = eps_t
         if evaluate(t, v):
-            gf = obj.full_grad(v)
-            loss, gn = obj.loss(v), float(gf @ gf)
+            with np.errstate(over="ignore", invalid="ignore"):
+                gf = obj.full_grad(v)
+                loss, gn = obj.loss(v), float(gf @ gf)
         else:
             loss = gn = math.nan
         dbusy = (busy - state["prev_busy"]).mean(axis=0)

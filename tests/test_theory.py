@@ -67,7 +67,7 @@ def _memsgd_need(alpha_m: float, d: int, k: int) -> float:
     return (alpha_m + 1) * d / k + rho / (rho + 1)
 
 
-pos = lambda lo, hi: st.floats(lo, hi, allow_nan=False, allow_infinity=False)  # noqa: E731
+pos = lambda lo, hi: st.floats(lo, hi, allow_nan=False, allow_infinity=False, allow_subnormal=False)  # noqa: E731
 
 
 @st.composite
@@ -495,7 +495,10 @@ def test_k_greater_than_d_rejected(d, extra):
 def test_eta_outside_range_rejected(d, data):
     k = data.draw(st.integers(1, d - 1))
     hi = k / (d - k)
-    eta = data.draw(st.one_of(st.just(0.0), pos(-1e3, 0.0), st.just(hi), pos(hi * 1.000001, hi * 1e3 + 1)))
+    edge = hi  # smallest float with eta * (d-k) >= k: the first eta the float check rejects
+    while edge * (d - k) < k:
+        edge = math.nextafter(edge, math.inf)
+    eta = data.draw(st.one_of(st.just(0.0), pos(-1e3, 0.0), st.just(edge), pos(hi * 1.000001, hi * 1e3 + 1)))
     for name in ("corollary2_published", "corollary2_corrected", "theorem1_corrected", "corollary1_published"):
         b = BOUNDS[name]
         base = {"d": d, "k": k, "eta": eta, "L": 1.0, "M": 1.0, "B": 4, "f0_minus_fstar": 1.0, "theta": 1.0,

@@ -31,7 +31,6 @@ import functools
 import math
 import numbers
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 import sympy as sp
@@ -161,11 +160,15 @@ def _check_k_le_d(v: Mapping[str, float], strict: bool) -> None:
 
 
 def _check_eta_tau(v: Mapping[str, float]) -> None:
-    """eta < k/(d-k), i.e. tau = gamma (1+eta) < 1 (checked exactly with fractions)."""
+    """eta < k/(d-k), i.e. tau = gamma (1+eta) < 1.
+
+    Checked as eta * (d-k) < k in float arithmetic: this implies the exact inequality (rounding is
+    monotone and k is exact) and guarantees 1 - tau = (k - eta (d-k))/d > 0 in the float formulas too.
+    """
     d_, k_, eta_ = v["d"], v["k"], v["eta"]
     if k_ == d_:
         return  # gamma = 0, tau = 0 for every eta > 0
-    if not Fraction(eta_) * (d_ - k_) < k_:
+    if not eta_ * (d_ - k_) < k_:
         hi = k_ / (d_ - k_)
         _fail(
             "eta",
