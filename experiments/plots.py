@@ -32,19 +32,21 @@ def run_figure(rows: list[dict], outdir: Path, title: str = "") -> list[Path]:
     """
     algs = _by_alg(rows)
     fig, ax = plt.subplots(2, 3, figsize=(15, 8.5))
+    colors = {name: f"C{i}" for i, name in enumerate(algs)}
     for name, rs in algs.items():
+        kw = {"label": name, "color": colors[name]}
         ev = [r for r in rs if not math.isnan(_num(r["loss"]))]
         it = [r["iteration"] for r in ev]
         tm = [_num(r["sim_time_s"]) for r in ev]
         ls = [_num(r["loss"]) for r in ev]
         gn = [_num(r["grad_norm_sq"]) for r in ev]
-        ax[0, 0].plot(it, ls, label=name)
-        ax[0, 1].plot(tm, ls, label=name)
-        ax[1, 0].semilogy(it, gn, label=name)
-        ax[1, 1].semilogy(tm, gn, label=name)
+        ax[0, 0].plot(it, ls, **kw)
+        ax[0, 1].plot(tm, ls, **kw)
+        ax[1, 0].semilogy(it, gn, **kw)
+        ax[1, 1].semilogy(tm, gn, **kw)
         dl = [(r["iteration"], _num(r["delta"])) for r in rs if r["iteration"] > 0 and r["delta"] not in (None, "")]
         if dl:
-            ax[1, 2].plot([a for a, _ in dl], [b for _, b in dl], label=name, lw=0.8)
+            ax[1, 2].plot([a for a, _ in dl], [b for _, b in dl], lw=0.8, **kw)
     ax[0, 0].set(xlabel="iteration", ylabel="loss f(v_t)", title="loss vs iteration")
     ax[0, 1].set(xlabel="simulated time (s)", ylabel="loss f(v_t)", title="loss vs simulated time")
     ax[1, 0].set(xlabel="iteration", ylabel="||grad f(v_t)||^2", title="gradient norm vs iteration")

@@ -26,7 +26,7 @@ class ClusterCfg(_Strict):
     """The simulated cluster."""
 
     P: int = Field(8, ge=1, le=65536, description="workers (ranks)")
-    network: str = Field("1GbE", description="network preset: 1GbE | 10GbE | IB100 | custom")
+    network: str = Field("1GbE", description="network preset: 1GbE, 10GbE, IB100 or custom (alpha_s, bandwidth_Bps, topology)")
     topology: Literal["star", "ring", "direct"] = Field("star", description="topology when network = custom")
     alpha_s: float = Field(0.436e-3, ge=0, description="custom network: end-to-end latency alpha (s)")
     bandwidth_Bps: float = Field(1 / 9e-9, gt=0, description="custom network: end-to-end bandwidth (bytes/s); beta = 1/bandwidth s/byte")
@@ -50,8 +50,8 @@ class ComputeCfg(_Strict):
 class DataCfg(_Strict):
     """Objective and data."""
 
-    objective: str = Field("softmax", description="softmax | logistic | sines | robust_regression")
-    dataset: str = Field("digits", description="real-data objectives: digits | breast_cancer | libsvm | synthetic_epsilon")
+    objective: str = Field("softmax", description="softmax, logistic (real data); sines, double_well, robust_regression (synthetic)")
+    dataset: str = Field("digits", description="real-data objectives: digits, breast_cancer, libsvm, synthetic_epsilon")
     path: str = Field("", description="LIBSVM-format file when dataset = libsvm")
     sharding: Literal["iid", "label"] = Field("iid", description="how samples are split over workers")
     lam: float = Field(1e-3, ge=0, description="weight of the non-convex regulariser sum x^2/(1+x^2)")
@@ -190,7 +190,12 @@ def scenario_keys() -> list[tuple[str, str, object, str]]:
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 walk(ann, prefix + name + ".")
             else:
-                tname = getattr(ann, "__name__", str(ann)).replace("typing.", "")
+                import typing
+
+                if typing.get_origin(ann) is typing.Literal:
+                    tname = " / ".join(map(str, typing.get_args(ann)))
+                else:
+                    tname = str(ann).replace("typing.", "") if typing.get_origin(ann) else getattr(ann, "__name__", str(ann))
                 rows.append((prefix + name, tname, f.default, f.description or ""))
 
     walk(Scenario, "")

@@ -43,7 +43,7 @@ def _one_step(spec, accs, residuals=None, lr=1.0):
     return run_lockstep(progs)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(accumulators(), st.sampled_from(SPARSE_SPECS))
 def test_mass_conservation_every_algorithm(case, which):
     """sum_p acc_p = g + sum_p eps_p, for hypothesis accumulators with ties and zeros, any P (THEORY.md 1-2)."""
@@ -65,7 +65,7 @@ def test_mass_conservation_every_algorithm(case, which):
         assert np.count_nonzero(g) <= k
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(st.integers(1, 9), st.integers(1, 5))
 def test_dense_mass_and_identity(P, seed):
     acc = np.random.default_rng(seed).standard_normal((P, 13))

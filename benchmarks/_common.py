@@ -1,0 +1,87 @@
+"""Helpers shared by the benchmark scripts (not a test module; nothing here asserts on time).
+
+- :func:`tune_malloc`: make glibc keep freed memory in the heap instead of returning every large
+  (> 128 KiB) numpy buffer to the kernel with munmap. The simulator allocates many 8 MB arrays per
+  step at d = 10^6; on this VM each fresh page costs a (slow) page fault, which roughly doubles the
+  numerics' wall time and adds noise. Both drivers run under the same setting, so the simpy/lockstep
+  ratio stays a fair comparison (and, because the shared numerics get cheaper, a stricter one).
+- :func:`markdown_table`, :func:`write_csv`, :func:`median`.
+"""
+from __future__ import annotations
+
+import csv
+import ctypes
+import ctypes.util
+import os
+import platform
+import statistics
+from pathlib import Path
+
+import numpy as np
+import simpy
+
+# glibc mallopt parameter numbers (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
+_M_MMAP_THRESHOLD = -3
+
+
+def tune_malloc() -> str:
+    """Raise glibc's mmap threshold to 32 MiB (its maximum) and stop heap trimming; return a note.
+
+    Returns a one-line description of what was done ("glibc mallopt: ..." or why nothing was done).
+    """
+    name = ctypes.util.find_library("c")
+    if platform.system() != "Linux" or not name:
+        return "malloc tuning: not available (not glibc)"
+    try:
+        libc = ctypes.CDLL(name)
+        ok = (libc.mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024) == 1
+              and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
+              and libc.mallopt(_M_TOP_PAD, 256 * 1024 * 1024) == 1)
+    except (OSError, AttributeError):
+        return "malloc tuning: not available (no mallopt)"
+    if not ok:
+        return "malloc tuning: mallopt refused"
+    return "malloc tuning: glibc mallopt M_MMAP_THRESHOLD=32MiB, M_TRIM_THRESHOLD=2GiB, M_TOP_PAD=256MiB"
+
+
+def median(xs) -> float:
+    return float(statistics.median(xs))
+
+
+def fmt(x, spec: str = ".3g") -> str:
+    if x is None:
+        return ""
+    if isinstance(x, float):
+        if x != x:
+            return "nan"
+        return format(x, spec)
+    return str(x)
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    """Render ``rows`` (lists of already formatted strings or values) as a GitHub Markdown table."""
+    cells = [[str(c) for c in header]] + [[c if isinstance(c, str) else fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    for r in cells[1:]:
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+    return "\n".join(lines)
+
+
+def write_csv(path: str | os.PathLike, header: list[str], rows: list[list]) -> Path:
+    """Write ``rows`` under ``header`` to ``path`` (parent folders created); return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def environment_line() -> str:
+    return (f"python {platform.python_version()}, numpy {np.__version__}, simpy {simpy.__version__}, "
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
