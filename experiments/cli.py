@@ -131,5 +131,40 @@ def predict(P, d, density, network):
         click.echo(f"{p:>6}" + "".join(f"{1e3 * collective_time(c, p, d, k, alpha, beta):>20.3f}" for c in cols))
 
 
+@main.group()
+def theory():
+    """The papers' bounds as sympy expressions (gTop-k IJCAI 2019; Mem-SGD NeurIPS 2018)."""
+
+
+@theory.command("list")
+def theory_list():
+    """List the bound names."""
+    from theory.cli_support import list_bounds
+
+    for name in list_bounds():
+        click.echo(name)
+
+
+@theory.command("show")
+@click.argument("name")
+@_user_errors
+def theory_show(name):
+    """Print bound NAME as plain text and LaTeX, with its source, parameters and variant."""
+    from theory.cli_support import show
+
+    click.echo(show(name))
+
+
+@theory.command("eval")
+@click.argument("name")
+@click.argument("assignments", nargs=-1)
+@_user_errors
+def theory_eval(name, assignments):
+    """Evaluate bound NAME for constants given as key=value (e.g. d=1000 k=10 eta=0.001 ...)."""
+    from theory.cli_support import evaluate
+
+    click.echo(repr(evaluate(name, list(assignments))))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
