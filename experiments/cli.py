@@ -56,7 +56,7 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check):
     if not quiet:
         _print_summary(path)
     if do_check:
-        from theory.check import check_run
+        from .check import check_run
 
         click.echo(check_run(path).render())
 
@@ -77,6 +77,16 @@ def _print_summary(path):
         click.echo(f"{name:<20}{1e3 * t['mean_iter_time_s']:>13.3f}{1e3 * t['mean_compute_s']:>9.3f}"
                    f"{1e3 * t['mean_compress_s']:>9.3f}{1e3 * t['mean_comm_s']:>9.3f}{t['sim_time_s']:>11.3f}"
                    f"{t['final_loss']:>12.5f}{t['final_grad_norm_sq']:>12.3e}{md:>10}")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@_user_errors
+def check(run_dir):
+    """Hold a finished run against Assumption 1, Lemma 2, Theorem 1 and Corollary 2 (both variants)."""
+    from .check import check_run
+
+    click.echo(check_run(run_dir).render())
 
 
 @main.group()

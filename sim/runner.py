@@ -22,7 +22,7 @@ from .drivers import run_lockstep
 from .errors import check_range
 from .network import NetworkSpec
 
-__all__ = ["METRIC_COLUMNS", "Workers", "run_algorithm", "StepStats", "step_stats"]
+__all__ = ["METRIC_COLUMNS", "Workers", "run_algorithm", "StepStats", "step_stats", "MetricsRecorder"]
 
 #: Column order of metrics.csv; units in the README.
 METRIC_COLUMNS = (
@@ -95,6 +95,74 @@ def step_stats(spec: AlgorithmSpec, outs: list[StepOutput]) -> StepStats:
     )
 
 
+
+class MetricsRecorder:
+    """Turns each iteration's worker outputs into one metrics row; shared by every driver.
+
+    The simulated drivers (:func:`run_algorithm`) and the torch backend (:mod:`sim.torch_backend`,
+    on rank 0) feed it the P :class:`~sim.algorithms.StepOutput` of iteration t plus the clock, so the
+    rows have one definition. objective: the :class:`sim.objectives.Objective` (loss, full_grad).
+    T, lr, x0, eval_every, on_row, on_step: as in :func:`run_algorithm`. Creating it evaluates the
+    objective at x0 and emits row 0. Attributes: ``rows`` (list of dicts, :data:`METRIC_COLUMNS`).
+    """
+
+    def __init__(self, spec: AlgorithmSpec, objective, *, T: int, lr: Callable[[int], float], x0: np.ndarray,
+                 eval_every: int = 1, on_row: Callable[[dict], None] | None = None,
+                 on_step: Callable[[int, list[StepOutput]], None] | None = None):
+        self.spec, self.obj, self.T, self.lr, self.eval_every = spec, objective, T, lr, eval_every
+        self.on_row, self.on_step = on_row, on_step
+        self.rows: list[dict] = []
+        self.d = x0.shape[0]
+        # the auxiliary sequence x_t = x_{t-1} - alpha_t G_t (THEORY.md section 3). v_t has applied only what
+        # reached g, so v_t = x_t + eps_t: THEORY.md writes x_t - v_t = eps_t, the sign is the other way round
+        # (the norm ||x_t - v_t|| = ||eps_t|| that the bounds use is the same).
+        self.x_aux = x0.copy()
+        g0 = objective.full_grad(x0)
+        self._emit(_row(spec, 0, math.nan, 0.0, 0.0, np.zeros(3), objective.loss(x0), float(g0 @ g0), None, 0.0, 0,
+                        0.0))
+        self._prev_time = 0.0
+        self._prev_busy = None
+        self._prev_bytes = None
+
+    def _emit(self, row):
+        self.rows.append(row)
+        if self.on_row is not None:
+            self.on_row(row)
+
+    def _evaluate(self, t):
+        return t == 0 or t == self.T or t % self.eval_every == 0
+
+    def finish_iteration(self, t: int, outs: list[StepOutput], now: float, busy: np.ndarray,
+                         bytes_sent: np.ndarray) -> dict:
+        """Record iteration t: outs (P StepOutputs, rank order), now = clock at its end (s),
+        busy = cumulative seconds per rank and category, float array (P, 3), bytes_sent = cumulative
+        bytes per rank, array (P,). Returns the row (also appended to ``rows``)."""
+        spec, obj, lr, d = self.spec, self.obj, self.lr, self.d
+        P = len(outs)
+        if self._prev_busy is None:
+            self._prev_busy, self._prev_bytes = np.zeros((P, 3)), np.zeros(P)
+        if self.on_step is not None:
+            self.on_step(t, outs)
+        st = step_stats(spec, outs)
+        self.x_aux = self.x_aux - lr(t) * (np.sum([o.grad for o in outs], axis=0) / P)
+        v = outs[0].v
+        eps = np.sum([o.residual for o in outs], axis=0) / P
+        aux_gap = float(np.max(np.abs((v - self.x_aux) - eps))) if d else 0.0  # v_t - x_t = eps_t
+        if self._evaluate(t):
+            with np.errstate(over="ignore", invalid="ignore"):
+                gf = obj.full_grad(v)
+                loss, gn = obj.loss(v), float(gf @ gf)
+        else:
+            loss = gn = math.nan
+        dbusy = (busy - self._prev_busy).mean(axis=0)
+        dbytes = float((bytes_sent - self._prev_bytes).mean())
+        row = _row(spec, t, lr(t), now, now - self._prev_time, dbusy, loss, gn, st, dbytes,
+                   st.applied_fraction, aux_gap)
+        self._prev_time, self._prev_busy, self._prev_bytes = now, busy.copy(), bytes_sent.copy()
+        self._emit(row)
+        return row
+
+
 def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable[[int], float], x0: np.ndarray,
                   network: NetworkSpec | None = None, compute: ComputeModel | None = None, driver: str = "simpy",
                   eval_every: int = 1, on_row: Callable[[dict], None] | None = None,
@@ -118,46 +186,9 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
     spec.check_dim(d)
     if driver not in ("simpy", "lockstep"):
         raise ValueError(f"driver = {driver!r}: valid simpy, lockstep")
-    rows: list[dict] = []
-    # the auxiliary sequence x_t = x_{t-1} - alpha_t G_t (THEORY.md section 3). v_t has applied only what
-    # reached g, so v_t = x_t + eps_t: THEORY.md writes x_t - v_t = eps_t, the sign is the other way round
-    # (the norm ||x_t - v_t|| = ||eps_t|| that the bounds use is the same).
-    x_aux = x0.copy()
-
-    def evaluate(t, v):
-        return t == 0 or t == T or t % eval_every == 0
-
-    def emit(row):
-        rows.append(row)
-        if on_row is not None:
-            on_row(row)
-
-    g0 = obj.full_grad(x0)
-    emit(_row(spec, 0, math.nan, 0.0, 0.0, np.zeros(3), obj.loss(x0), float(g0 @ g0), None, 0.0, 0, 0.0))
-
-    state = {"prev_time": 0.0, "prev_busy": np.zeros((P, 3)), "prev_bytes": np.zeros(P)}
-
-    def finish_iteration(t, outs, now, busy, bytes_sent):
-        nonlocal x_aux
-        if on_step is not None:
-            on_step(t, outs)
-        st = step_stats(spec, outs)
-        x_aux = x_aux - lr(t) * (np.sum([o.grad for o in outs], axis=0) / P)
-        v = outs[0].v
-        eps = np.sum([o.residual for o in outs], axis=0) / P
-        aux_gap = float(np.max(np.abs((v - x_aux) - eps))) if d else 0.0  # v_t - x_t = eps_t
-        if evaluate(t, v):
-            with np.errstate(over="ignore", invalid="ignore"):
-                gf = obj.full_grad(v)
-                loss, gn = obj.loss(v), float(gf @ gf)
-        else:
-            loss = gn = math.nan
-        dbusy = (busy - state["prev_busy"]).mean(axis=0)
-        dbytes = float((bytes_sent - state["prev_bytes"]).mean())
-        row = _row(spec, t, lr(t), now, now - state["prev_time"], dbusy, loss, gn, st, dbytes,
-                   st.applied_fraction, aux_gap)
-        state.update(prev_time=now, prev_busy=busy.copy(), prev_bytes=bytes_sent.copy())
-        emit(row)
+    rec = MetricsRecorder(spec, obj, T=T, lr=lr, x0=x0, eval_every=eval_every, on_row=on_row, on_step=on_step)
+    rows = rec.rows
+    finish_iteration = rec.finish_iteration
 
     if driver == "lockstep":
         vs = [x0.copy() for _ in range(P)]

@@ -1,0 +1,236 @@
+"""``sparsim check RUN_DIR``: hold a finished run against the gTop-k paper's assumptions and bounds.
+
+Per step (Top-k and gTop-k rows of metrics.csv):
+
+- Assumption 1: delta_t <= 1 (THEORY.md section 4).
+- Lemma 2, pathwise, with delta_t replaced by 1 (the lemma's statement under Assumption 1) and the
+  best Young parameter eta for the step (min over eta > 0 of (1+eta)a + (1+1/eta)b = (sqrt a + sqrt b)^2):
+  ||eps_t||^2 <= gamma (||eps_{t-1}|| + alpha_t ||G_t||)^2, with eps the mean residual and G_t the averaged
+  stochastic gradient, both measured.
+
+At the end (Theorem 1 and Corollary 2, published M^2/B and corrected M^2 variants): the empirical weighted
+average sum_t alpha_t ||grad f(v_{t-1})||^2 / sum_t alpha_t against
+- ``theorem1_on_schedule`` (the bound evaluated on the actual schedule, no D),
+- ``theorem1_<variant>`` with the smallest D satisfying condition (18) for the schedule,
+- ``corollary2_<variant>`` when the schedule is constant (theta = alpha / sqrt(B/T)),
+each at the eta minimising Corollary 2's ratio tau/(eta(1-tau)) (theory.bounds.optimal_eta).
+The bounds are on an expectation; a single run is one sample of it, which the report says.
+Constants L (smoothness of f), M, f(x_0) - f* come from summary.json; the report names whether each is
+analytic or estimated. Results go to ``check.json`` and ``check.txt`` in the run directory.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sim.errors import ConfigError, SparsimError
+from theory.bounds import BOUNDS, condition18_D, optimal_eta, theorem1_on_schedule
+
+__all__ = ["Verdict", "CheckReport", "check_run", "read_metrics"]
+
+
+@dataclass
+class Verdict:
+    """One check: ``value`` (measured) against ``bound``; holds iff value <= bound (margin = bound - value)."""
+
+    algorithm: str
+    check: str
+    value: float
+    bound: float
+    holds: bool
+    margin: float
+    note: str = ""
+
+
+@dataclass
+class CheckReport:
+    """All verdicts of a run plus the constants used (with provenance)."""
+
+    run_dir: str
+    constants: dict
+    verdicts: list[Verdict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def render(self) -> str:
+        """Human-readable table: one line per verdict with holds / violated and its margin."""
+        lines = [f"check of {self.run_dir}"]
+        for k, v in self.constants.items():
+            lines.append(f"  {k} = {v['value']:.6g} ({v['how']}{': ' + v['note'] if v.get('note') else ''})")
+        lines.append(f"{'algorithm':<18}{'check':<44}{'value':>12}{'bound':>12}  {'verdict':<9}{'margin':>12}")
+        for v in self.verdicts:
+            lines.append(f"{v.algorithm:<18}{v.check:<44}{v.value:>12.4g}{v.bound:>12.4g}  "
+                         f"{'holds' if v.holds else 'VIOLATED':<9}{v.margin:>12.4g}" + (f"  ({v.note})" if v.note else ""))
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"run_dir": self.run_dir, "constants": self.constants,
+                "verdicts": [asdict(v) for v in self.verdicts], "notes": self.notes}
+
+
+def _num(s: str) -> float:
+    return math.nan if s == "" else float(s)
+
+
+def read_metrics(run_dir: Path) -> dict[str, list[dict]]:
+    """metrics.csv of a run, grouped by algorithm, numbers parsed (empty -> nan). Raises ConfigError if missing."""
+    p = Path(run_dir) / "metrics.csv"
+    if not p.is_file():
+        raise ConfigError(f"{str(run_dir)!r} is not a finished run directory: {p.name} is missing")
+    out: dict[str, list[dict]] = {}
+    with open(p, newline="") as fh:
+        for r in csv.DictReader(fh):
+            row = {k: (r[k] if k == "algorithm" else _num(r[k])) for k in r}
+            out.setdefault(r["algorithm"], []).append(row)
+    return out
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _constants(summary: dict, rows0: dict) -> dict:
+    c = summary["resolved"]["constants"]
+    L = c.get("L_f") if c.get("L_f", {}).get("value") is not None else c["L"]
+    M = c["M"]
+    fstar = c["f_star_lower"]
+    if L.get("value") is None:
+        raise SparsimError("the objective's smoothness constant L is unknown: the bounds cannot be evaluated")
+    if M.get("value") is None:
+        raise SparsimError(f"the objective's gradient bound M is unknown ({M.get('note', '')}): choose an objective "
+                           "with an analytic M (softmax, logistic with mu = 0, robust_regression)")
+    if fstar.get("value") is None:
+        raise SparsimError("no certified lower bound f* is known for this objective")
+    f0 = rows0["loss"]
+    return {
+        "L": {"value": float(L["value"]), "how": L["how"], "note": "smoothness of f"},
+        "M": {"value": float(M["value"]), "how": M["how"], "note": "per-sample gradient-norm bound"},
+        "f0_minus_fstar": {"value": float(f0 - fstar["value"]), "how": fstar["how"],
+                           "note": f"f(x_0) = {f0:.6g} measured, f* >= {fstar['value']:.6g}"},
+    }
+
+
+def check_run(run_dir, *, write: bool = True) -> CheckReport:
+    """Run every check on a finished simulator run directory; write check.json/check.txt; return the report.
+
+    Raises ConfigError if the directory is not a finished run, SparsimError if a needed constant is unknown.
+    """
+    run_dir = Path(run_dir)
+    sp = run_dir / "summary.json"
+    if not sp.is_file():
+        raise ConfigError(f"{str(run_dir)!r} is not a finished run directory: summary.json is missing")
+    summary = json.loads(sp.read_text())
+    res = summary["resolved"]
+    d, k, B = int(res["d"]), int(res["k"]), int(res["global_batch_B"])
+    by_alg = read_metrics(run_dir)
+    first = next(iter(by_alg.values()))
+    consts = _constants(summary, first[0])
+    report = CheckReport(str(run_dir), consts)
+    L, M, F = (consts[x]["value"] for x in ("L", "M", "f0_minus_fstar"))
+    gamma = 1.0 - k / d
+    report.notes.append(
+        "Theorem 1 and Corollary 2 bound an expectation over the sampling; a single run is one sample of it.")
+    if k >= d:
+        report.notes.append("k = d: no compression, the sparse bounds reduce to plain SGD's; nothing to check")
+        return _finish(report, run_dir, write)
+    eta = optimal_eta(d / k).value
+    tau = gamma * (1 + eta)
+    report.notes.append(f"eta = {eta:.6g} (minimises tau/(eta(1-tau)) at c = {d / k:.6g}); tau = {tau:.12g}")
+    for alg, rows in by_alg.items():
+        if alg == "dense":
+            continue
+        steps = [r for r in rows if r["iteration"] >= 1]
+        T = len(steps)
+        # Assumption 1 per step
+        deltas = [r["delta"] for r in steps if not math.isnan(r["delta"])]
+        bad = [r for r in steps if not math.isnan(r["delta"]) and r["delta"] > 1]
+        worst = max(deltas) if deltas else math.nan
+        report.verdicts.append(Verdict(alg, "Assumption 1: max_t delta_t <= 1", worst, 1.0, not bad, 1.0 - worst,
+                                       f"{len(bad)} of {len(deltas)} steps have delta > 1"))
+        # Lemma 2 pathwise with delta := 1 and the per-step optimal eta
+        viol, min_margin, worst_lhs, worst_rhs = 0, math.inf, math.nan, math.nan
+        prev = rows[0]["residual_norm_sq"]
+        for r in steps:
+            rhs = gamma * (math.sqrt(prev) + r["lr"] * math.sqrt(r["stoch_grad_norm_sq"])) ** 2
+            lhs = r["residual_norm_sq"]
+            m = rhs - lhs
+            tol = 1e-12 * max(rhs, 1e-300)
+            if m < -tol:
+                viol += 1
+            if m < min_margin:
+                min_margin, worst_lhs, worst_rhs = m, lhs, rhs
+            prev = lhs
+        report.verdicts.append(Verdict(alg, "Lemma 2 pathwise (delta := 1), worst step", worst_lhs, worst_rhs,
+                                       viol == 0, min_margin, f"{viol} of {T} steps violate"))
+        # end-of-run bounds
+        alphas = [r["lr"] for r in steps]
+        gn_before = [r["grad_norm_sq"] for r in rows[:-1]]  # ||grad f(v_{t-1})||^2, t = 1..T
+        pairs = [(a, g) for a, g in zip(alphas, gn_before) if not math.isnan(g)]
+        note_emp = "" if len(pairs) == T else f"subsampled: {len(pairs)} of {T} steps evaluated (eval_every)"
+        emp = sum(a * g for a, g in pairs) / sum(a for a, _ in pairs)
+        S1, S2 = sum(alphas), sum(a * a for a in alphas)
+        D = condition18_D(alphas, tau)
+        const_step = max(alphas) == min(alphas)
+        for variant in ("published", "corrected"):
+            b = theorem1_on_schedule(alphas, L, M, B, F, gamma, eta, variant)
+            report.verdicts.append(Verdict(alg, f"Theorem 1 on schedule [{variant}]", emp, b, emp <= b, b - emp, note_emp))
+            kw = dict(d=d, k=k, eta=eta, L=L, M=M, f0_minus_fstar=F, D=D, S1=S1, S2=S2)
+            if variant == "published":
+                kw["B"] = B
+            b = BOUNDS[f"theorem1_{variant}"].evaluate(**kw)
+            report.verdicts.append(Verdict(alg, f"Theorem 1 with D (cond. 18) [{variant}]", emp, b, emp <= b, b - emp,
+                                           f"D = {D:.4g}"))
+            if const_step:
+                theta = alphas[0] / math.sqrt(B / T)
+                b = BOUNDS[f"corollary2_{variant}"].evaluate(d=d, k=k, eta=eta, L=L, M=M, B=B, f0_minus_fstar=F,
+                                                             theta=theta, T=T)
+                report.verdicts.append(Verdict(alg, f"Corollary 2 [{variant}]", emp, b, emp <= b, b - emp,
+                                               f"theta = {theta:.4g}"))
+    if write:
+        _figure(report, by_alg, run_dir, L, M, B, F, gamma, eta)
+    return _finish(report, run_dir, write)
+
+
+def _figure(report, by_alg, run_dir, L, M, B, F, gamma, eta):
+    """check.png: running empirical weighted average vs Theorem 1 (on the schedule prefix), both variants, log-log."""
+    import numpy as np
+
+    from .plots import plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (alg, rows) in enumerate(a for a in by_alg.items() if a[0] != "dense"):
+        steps = [r for r in rows if r["iteration"] >= 1]
+        alphas = [r["lr"] for r in steps]
+        gn = [r["grad_norm_sq"] for r in rows[:-1]]
+        T = len(steps)
+        grid = sorted({int(x) for x in np.unique(np.geomspace(1, T, num=min(T, 40)).round())})
+        emp, bounds = [], {"published": [], "corrected": []}
+        for Tp in grid:
+            pairs = [(a, g) for a, g in zip(alphas[:Tp], gn[:Tp]) if not math.isnan(g)]
+            emp.append(sum(a * g for a, g in pairs) / sum(a for a, _ in pairs) if pairs else math.nan)
+            for v in bounds:
+                bounds[v].append(theorem1_on_schedule(alphas[:Tp], L, M, B, F, gamma, eta, v))
+        ax.loglog(grid, emp, color=f"C{i}", label=f"{alg}: empirical")
+        ax.loglog(grid, bounds["published"], color=f"C{i}", ls="--", label=f"{alg}: Theorem 1 published (M^2/B)")
+        ax.loglog(grid, bounds["corrected"], color=f"C{i}", ls=":", label=f"{alg}: Theorem 1 corrected (M^2)")
+    ax.set(xlabel="iterations T", ylabel="weighted average ||grad f(v_t)||^2", title="bound vs empirical")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(run_dir / "check.png", dpi=110)
+    plt.close(fig)
+
+
+def _finish(report: CheckReport, run_dir: Path, write: bool) -> CheckReport:
+    if write:
+        _atomic_write(run_dir / "check.json", json.dumps(report.to_json(), indent=2, default=float))
+        _atomic_write(run_dir / "check.txt", report.render() + "\n")
+    return report

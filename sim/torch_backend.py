@@ -1,0 +1,715 @@
+"""The real backend: the same per-rank sans-I/O programs, driven over torch.distributed point-to-point.
+
+Every rank is an OS process (local: :func:`launch_local`; several machines: ``torchrun``, see the
+README). A rank runs :func:`sim.algorithms.sgd_step` -- the one definition of dense, Top-k and gTop-k
+S-SGD and of their collectives -- through :func:`execute`, which carries out the yielded operations
+(:mod:`sim.ops`) with a :class:`TorchTransport`:
+
+- ``Send``     -> a blocking send (gloo's send is rendezvous for large messages, as the simulator's),
+- ``Recv``     -> a blocking receive,
+- ``SendRecv`` -> ``isend`` + ``irecv``, then wait for both (pairwise exchanges cannot deadlock),
+- ``Compute``  -> nothing (real time passes by itself); it only marks which category the wall time
+  of the surrounding Python code belongs to.
+
+Payloads are numpy arrays, :class:`~sim.compression.Sparse`, lists of them (Bruck allgather blocks),
+tuples ``(Sparse, bool ndarray | None)`` (gTop-k broadcast) or None. :func:`encode` / :func:`decode`
+turn them into a uint8 buffer and back bit-exactly (dtypes kept; float64 stays float64) without
+pickle. On the wire a message is an int64 length header followed by the bytes, so variable sizes
+(empty selections included) need no padding.
+
+Because the numbers are computed by the same numpy code as in the simulator and the bytes travel
+unchanged, the parameter trajectory of every algorithm is bit-identical to the simulator's for the
+same data, seeds and P (``tests/test_torch_backend.py``).
+
+Timing (per rank, seconds, cumulative, the same three categories as ``SimCluster.busy``):
+``compute`` (the gradient, which ``sgd_step`` computes *before* yielding ``Compute("forward_backward")``,
+and the update after ``Compute("update")``), ``compress`` (the Python code after ``Compute("select")`` /
+``Compute("merge")`` up to the next operation: top-k selection and merges) and ``comm`` (time blocked in
+Send/Recv/SendRecv, encoding and decoding included, plus the dense reductions after
+``Compute("reduce")``, as the simulator accounts them). Metrics gathering to rank 0 happens after each
+step and is not timed.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import pickle
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .algorithms import AlgorithmSpec, StepOutput, sgd_step
+from .cluster import CATEGORY_OF_KIND
+from .compression import Sparse
+from .errors import SparsimError, check_range
+from .ops import Compute, Recv, Send, SendRecv
+
+__all__ = [
+    "encode",
+    "decode",
+    "TorchTransport",
+    "WorkerFailure",
+    "execute",
+    "run_worker",
+    "WorkerResult",
+    "dense_backend_allreduce_step",
+    "BACKEND_ALLREDUCE",
+    "launch_local",
+    "DistContext",
+    "init_from_env",
+]
+
+#: Name of the dense fast path: torch.distributed.all_reduce instead of the shared ring/RD definition.
+BACKEND_ALLREDUCE = "backend_allreduce"
+
+
+class WorkerFailure(SparsimError):
+    """A rank raised, died, hung or timed out; the message names the rank (and what it waited on)."""
+
+
+# ============================================================================ codec (no pickle)
+
+_NONE, _ARRAY, _SPARSE, _LIST, _TUPLE, _INT, _FLOAT, _BOOL = range(8)
+_ARRAY_KINDS = "biufc"  # bool, signed, unsigned, float, complex: plain bytes, no objects
+
+
+def _enc(obj, out: list) -> None:
+    if obj is None:
+        out.append(bytes([_NONE]))
+    elif isinstance(obj, Sparse):
+        out.append(bytes([_SPARSE]) + struct.pack("<q", int(obj.d)))
+        _enc(np.asarray(obj.idx), out)
+        _enc(np.asarray(obj.val), out)
+    elif isinstance(obj, np.ndarray):
+        if obj.dtype.kind not in _ARRAY_KINDS:
+            raise SparsimError(f"cannot encode an array of dtype {obj.dtype}: valid bool, integer, float, complex")
+        ds = obj.dtype.str.encode("ascii")
+        out.append(bytes([_ARRAY, len(ds)]) + ds + struct.pack("<B", obj.ndim)
+                   + struct.pack(f"<{obj.ndim}q", *obj.shape))
+        out.append(np.ascontiguousarray(obj).tobytes())
+    elif isinstance(obj, (list, tuple)):
+        out.append(bytes([_LIST if isinstance(obj, list) else _TUPLE]) + struct.pack("<q", len(obj)))
+        for item in obj:
+            _enc(item, out)
+    elif isinstance(obj, (bool, np.bool_)):
+        out.append(bytes([_BOOL, 1 if obj else 0]))
+    elif isinstance(obj, (int, np.integer)):
+        out.append(bytes([_INT]) + struct.pack("<q", int(obj)))
+    elif isinstance(obj, (float, np.floating)):
+        if isinstance(obj, np.floating) and obj.dtype != np.float64:
+            _enc(np.asarray(obj), out)  # keep the dtype (0-d array)
+            return
+        out.append(bytes([_FLOAT]) + struct.pack("<d", float(obj)))
+    else:
+        raise SparsimError(f"cannot encode a payload of type {type(obj).__name__}: valid None, numpy array, "
+                           "Sparse, list, tuple, int, float, bool")
+
+
+def encode(payload) -> np.ndarray:
+    """Serialize a payload to bytes, bit-exactly and without pickle.
+
+    payload: None, a numpy array of bool/integer/float/complex dtype (any shape; dtype and byte order
+    kept), a :class:`~sim.compression.Sparse`, int, float, bool, or a list/tuple of these (nested).
+    Returns a uint8 array (n,), n >= 1. Raises SparsimError for any other type (e.g. object arrays).
+    """
+    out: list[bytes] = []
+    _enc(payload, out)
+    return np.frombuffer(b"".join(out), dtype=np.uint8)
+
+
+def _dec(mv: memoryview, pos: int):
+    tag = mv[pos]
+    pos += 1
+    if tag == _NONE:
+        return None, pos
+    if tag == _ARRAY:
+        n = mv[pos]
+        dt = np.dtype(bytes(mv[pos + 1:pos + 1 + n]).decode("ascii"))
+        pos += 1 + n
+        ndim = mv[pos]
+        pos += 1
+        shape = struct.unpack_from(f"<{ndim}q", mv, pos)
+        pos += 8 * ndim
+        count = int(np.prod(shape, dtype=np.int64))
+        nbytes = count * dt.itemsize
+        arr = np.frombuffer(mv[pos:pos + nbytes], dtype=dt, count=count).reshape(shape).copy()
+        return arr, pos + nbytes
+    if tag == _SPARSE:
+        (d,) = struct.unpack_from("<q", mv, pos)
+        idx, pos = _dec(mv, pos + 8)
+        val, pos = _dec(mv, pos)
+        return Sparse(idx, val, int(d)), pos
+    if tag in (_LIST, _TUPLE):
+        (n,) = struct.unpack_from("<q", mv, pos)
+        pos += 8
+        items = []
+        for _ in range(n):
+            item, pos = _dec(mv, pos)
+            items.append(item)
+        return (items if tag == _LIST else tuple(items)), pos
+    if tag == _INT:
+        return struct.unpack_from("<q", mv, pos)[0], pos + 8
+    if tag == _FLOAT:
+        return struct.unpack_from("<d", mv, pos)[0], pos + 8
+    if tag == _BOOL:
+        return bool(mv[pos]), pos + 1
+    raise SparsimError(f"corrupt message: unknown type tag {tag} at byte {pos - 1}")
+
+
+def decode(buf) -> Any:
+    """Inverse of :func:`encode`: buf is a uint8 array (or bytes). Returns the payload (arrays are
+    fresh, writable copies). Raises SparsimError for a corrupt or truncated buffer."""
+    mv = memoryview(np.ascontiguousarray(np.frombuffer(buf, dtype=np.uint8) if isinstance(buf, (bytes, bytearray))
+                                         else buf, dtype=np.uint8)).cast("B")
+    try:
+        obj, pos = _dec(mv, 0)
+    except (struct.error, ValueError, TypeError, IndexError) as err:
+        raise SparsimError(f"corrupt message of {len(mv)} bytes: {err}") from None
+    if pos != len(mv):
+        raise SparsimError(f"corrupt message: {len(mv) - pos} trailing bytes after the payload")
+    return obj
+
+
+# ============================================================================ transport
+
+
+class TorchTransport:
+    """Point-to-point messages between ranks of the default torch.distributed process group.
+
+    rank, P: this rank and the world size (ints). device: "cpu" for gloo, "cuda:N" for NCCL (the uint8
+    buffers are staged there). timeout_s: seconds any single send/receive may block before
+    :class:`WorkerFailure` is raised (naming this rank and the peer). A message is an int64 length
+    header (8 bytes) then the :func:`encode` bytes. ``wire_bytes`` counts what this rank sent (bytes,
+    headers included). Requires torch.distributed to be initialised.
+    """
+
+    def __init__(self, rank: int, P: int, *, device: str = "cpu", timeout_s: float = 60.0):
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.rank, self.P, self.device = int(rank), int(P), device
+        self.nccl = str(device).startswith("cuda")
+        self.timeout = datetime.timedelta(seconds=float(timeout_s))
+        self.timeout_s = float(timeout_s)
+        self.wire_bytes = 0
+        self.where = ""  # context for error messages, e.g. "iteration 3"
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _fail(self, what: str, peer: int, err: BaseException):
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        who = f"rank {peer}" if peer >= 0 else "another rank"
+        if "timed out" in first.lower() or "timeout" in first.lower():
+            why = f"no answer within the {self.timeout_s:g} s timeout ({who} hung, died or is stuck)"
+        elif "closed" in first or "not connected" in first.lower() or "reset" in first.lower():
+            why = f"{who} closed its connection (it raised or died)"
+        else:
+            why = first
+        where = f" at {self.where}" if self.where else ""
+        target = f" rank {peer}" if peer >= 0 else " the other ranks"
+        raise WorkerFailure(f"rank {self.rank}: {what}{target} failed{where}: {why}") from None
+
+    def _wait(self, work):
+        if self.nccl:
+            work.wait()
+        else:
+            work.wait(timeout=self.timeout)
+
+    def _header(self, n: int):
+        return self.torch.tensor([n], dtype=self.torch.int64, device=self.device)
+
+    def _body(self, buf: np.ndarray):
+        t = self.torch.from_numpy(np.array(buf, dtype=np.uint8, copy=True))
+        return t.to(self.device) if self.device != "cpu" else t
+
+    def _to_numpy(self, t) -> np.ndarray:
+        return t.cpu().numpy() if self.device != "cpu" else t.numpy()
+
+    # -- operations ----------------------------------------------------------------------------
+    def send(self, dst: int, payload) -> None:
+        """Send ``payload`` to rank ``dst`` and return when it has been handed over (blocking)."""
+        buf = encode(payload)
+        dist = self.dist
+        try:
+            self._wait(dist.isend(self._header(buf.shape[0]), dst))
+            self._wait(dist.isend(self._body(buf), dst))
+        except RuntimeError as err:
+            self._fail("send to", dst, err)
+        self.wire_bytes += 8 + buf.shape[0]
+
+    def recv(self, src: int):
+        """Receive the next message from rank ``src`` (FIFO per pair) and return its payload."""
+        dist, torch = self.dist, self.torch
+        hdr = torch.zeros(1, dtype=torch.int64, device=self.device)
+        try:
+            self._wait(dist.irecv(hdr, src))
+            n = int(hdr.item())
+            body = torch.empty(n, dtype=torch.uint8, device=self.device)
+            self._wait(dist.irecv(body, src))
+        except RuntimeError as err:
+            self._fail("receive from", src, err)
+        return decode(self._to_numpy(body))
+
+    def sendrecv(self, dst: int, payload, src: int):
+        """Send ``payload`` to ``dst`` and receive from ``src`` concurrently (MPI_Sendrecv); returns
+        what ``src`` sent. gloo: isend header and body, irecv header, then the body; NCCL: two batched
+        phases (headers, then bodies), since NCCL needs matched send/recv pairs launched together."""
+        dist, torch = self.dist, self.torch
+        buf = encode(payload)
+        hdr_out = self._header(buf.shape[0])
+        hdr_in = torch.zeros(1, dtype=torch.int64, device=self.device)
+        body_out = self._body(buf)
+        peer = src
+        try:
+            if self.nccl:
+                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, hdr_out, dst),
+                                                 dist.P2POp(dist.irecv, hdr_in, src)]):
+                    w.wait()
+                body_in = torch.empty(int(hdr_in.item()), dtype=torch.uint8, device=self.device)
+                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, body_out, dst),
+                                                 dist.P2POp(dist.irecv, body_in, src)]):
+                    w.wait()
+            else:
+                s_hdr = dist.isend(hdr_out, dst)
+                r_hdr = dist.irecv(hdr_in, src)
+                s_body = dist.isend(body_out, dst)
+                self._wait(r_hdr)
+                body_in = torch.empty(int(hdr_in.item()), dtype=torch.uint8, device=self.device)
+                r_body = dist.irecv(body_in, src)
+                self._wait(r_body)
+                peer = dst
+                self._wait(s_hdr)
+                self._wait(s_body)
+        except RuntimeError as err:
+            self._fail("exchange with" if dst == src else "send/receive with", peer, err)
+        self.wire_bytes += 8 + buf.shape[0]
+        return decode(self._to_numpy(body_in))
+
+    def barrier(self) -> None:
+        """All ranks meet (untimed bookkeeping); raises WorkerFailure after the process group's timeout."""
+        try:
+            self.dist.barrier()
+        except RuntimeError as err:
+            self._fail("barrier with", -1, err)
+
+
+# ============================================================================ driver
+
+
+@dataclass(frozen=True)
+class _BackendAllReduce:
+    """Torch-driver-only operation: sum ``x`` (float array (d,)) over ranks with dist.all_reduce."""
+
+    x: np.ndarray
+    nbytes: int
+
+
+def dense_backend_allreduce_step(rank: int, P: int, v: np.ndarray, residual: np.ndarray, grad_fn, batch_size: int,
+                                 lr: float, iteration: int):
+    """Dense S-SGD step with the backend's own all_reduce (the named fast path ``backend_allreduce``).
+
+    A sans-I/O program like :func:`sim.algorithms.sgd_step` with ``AlgorithmSpec("dense")``, whose
+    allreduce is one torch-only operation executed by ``torch.distributed.all_reduce`` (gloo / NCCL
+    choose their own algorithm). Shapes and return value as sgd_step (a :class:`StepOutput`). The
+    numbers equal the shared ring's up to the floating-point summation order, so this path is not
+    bit-identical to the simulator; only :func:`execute` can run it. Raises NonFiniteError as sgd_step.
+    """
+    from .algorithms import _check_finite
+
+    d = v.shape[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        grad = np.asarray(grad_fn(v), dtype=v.dtype)
+    yield Compute("forward_backward", batch_size)
+    _check_finite(grad, "gradient", rank, iteration)
+    with np.errstate(over="ignore", invalid="ignore"):
+        acc = residual + lr * grad
+    _check_finite(acc, "error-feedback accumulator", rank, iteration)
+    g = yield _BackendAllReduce(acc, d * acc.dtype.itemsize)
+    yield Compute("update", d)
+    return StepOutput(v - g / P, np.zeros_like(acc), acc, grad, g, d, d)
+
+
+def execute(program, transport: TorchTransport | None, busy: np.ndarray, bytes_sent: np.ndarray | None = None,
+            clock: Callable[[], float] = time.perf_counter):
+    """Run one sans-I/O program on this rank over ``transport``; return the program's return value.
+
+    busy: float64 array (3,), cumulative seconds in compute / compress / comm, updated in place (see the
+    module docstring for the attribution rule). bytes_sent: optional float/int array (1,), incremented
+    by each message's modelled size ``op.nbytes`` (the simulator's bytes_sent, headers excluded).
+    transport may be None only for a program that sends nothing (P = 1). Raises WorkerFailure when a
+    peer fails or the transport times out, TypeError for an unknown operation.
+    """
+    value = None
+    cat = 0  # category of the Python code currently running: compute until told otherwise
+    t_last = clock()
+    while True:
+        try:
+            op = program.send(value)
+        except StopIteration as stop:
+            busy[cat] += clock() - t_last
+            return stop.value
+        now = clock()
+        value = None
+        if isinstance(op, Compute):
+            if op.kind == "forward_backward":  # the gradient is computed before this yield
+                busy[0] += now - t_last
+                cat = 0
+            else:  # select / merge / reduce / update: the work follows the yield
+                busy[cat] += now - t_last
+                cat = CATEGORY_OF_KIND[op.kind]
+            t_last = now
+            continue
+        busy[cat] += now - t_last
+        if transport is None:
+            raise WorkerFailure(f"a program yielded {type(op).__name__} but there is no transport (P = 1)")
+        if isinstance(op, Send):
+            transport.send(op.dst, op.payload)
+            nb = op.nbytes
+        elif isinstance(op, Recv):
+            value = transport.recv(op.src)
+            nb = 0
+        elif isinstance(op, SendRecv):
+            value = transport.sendrecv(op.dst, op.payload, op.src)
+            nb = op.nbytes
+        elif isinstance(op, _BackendAllReduce):
+            value = _all_reduce(transport, op.x)
+            nb = op.nbytes
+        else:
+            raise TypeError(f"rank {transport.rank} yielded {op!r}, not a sim.ops operation")
+        if bytes_sent is not None:
+            bytes_sent[0] += nb
+        t_last = clock()
+        busy[2] += t_last - now
+        cat = 2
+
+
+def _all_reduce(tr: TorchTransport, x: np.ndarray) -> np.ndarray:
+    torch, dist = tr.torch, tr.dist
+    t = torch.from_numpy(np.array(x, copy=True))
+    if tr.device != "cpu":
+        t = t.to(tr.device)
+    try:
+        work = dist.all_reduce(t, async_op=True)
+        tr._wait(work)
+    except RuntimeError as err:
+        tr._fail("all_reduce with", -1, err)
+    return tr._to_numpy(t).copy()
+
+
+@dataclass
+class WorkerResult:
+    """What :func:`run_worker` returns on each rank.
+
+    rank: int. v: float array (d,), the final parameters. rows: the metrics rows (list of dicts,
+    :data:`sim.runner.METRIC_COLUMNS`) on rank 0, None elsewhere. trajectory: list of T float arrays
+    (d,), v after each iteration, when requested (else None). busy: float array (3,), this rank's
+    cumulative seconds in compute / compress / comm. wall_s: this rank's summed step wall time (s).
+    """
+
+    rank: int
+    v: np.ndarray
+    rows: list | None = None
+    trajectory: list | None = None
+    busy: np.ndarray = field(default_factory=lambda: np.zeros(3))
+    wall_s: float = 0.0
+
+
+def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: Callable[[int], float],
+               x0: np.ndarray, transport: TorchTransport | None, eval_every: int = 1,
+               backend_allreduce: bool = False, keep_trajectory: bool = False,
+               on_row: Callable[[dict], None] | None = None) -> WorkerResult:
+    """Run T iterations of ``spec`` as rank ``rank`` of P over torch.distributed; return a :class:`WorkerResult`.
+
+    workers: anything with ``grad_fn(rank, t) -> (v -> float array (d,))``, ``b`` (int, samples per
+    batch) and, on rank 0, ``objective`` (loss, full_grad) -- :class:`sim.runner.Workers` or a duck-typed
+    test double. lr: t -> alpha_t. x0: float array (d,) (its dtype is the arithmetic dtype).
+    backend_allreduce: dense only, use dist.all_reduce (:func:`dense_backend_allreduce_step`).
+    Every rank must call this with the same arguments. After each step every rank sends its
+    accumulator, residual, gradient, counters and clocks to rank 0 (untimed), which builds the metrics
+    row with :class:`sim.runner.MetricsRecorder` exactly as the simulator does; sim_time_s is the
+    largest cumulative step wall time over ranks (s). A barrier (untimed) then starts the next step.
+    Raises SparsimError for bad T/k/eval_every, WorkerFailure when a peer fails, NonFiniteError
+    for NaN/Inf gradients.
+    """
+    from .runner import MetricsRecorder
+
+    check_range("T", T, 1)
+    check_range("eval_every", eval_every, 1)
+    spec.check_dim(x0.shape[0])
+    if backend_allreduce and spec.name != "dense":
+        raise SparsimError(f"backend_allreduce is a dense fast path: algorithm {spec.name} cannot use it")
+    if P > 1 and transport is None:
+        raise SparsimError(f"P = {P} ranks need a transport")
+    rec = None
+    if rank == 0:
+        rec = MetricsRecorder(spec, workers.objective, T=T, lr=lr, x0=x0, eval_every=eval_every, on_row=on_row)
+    if transport is not None and P > 1:
+        transport.where = "start"
+        transport.barrier()
+    v, res = x0.copy(), np.zeros_like(x0)
+    busy = np.zeros(3)
+    nbytes = np.zeros(1)
+    wall = 0.0
+    traj = [] if keep_trajectory else None
+    for t in range(1, T + 1):
+        if transport is not None:
+            transport.where = f"iteration {t} of {spec.label}"
+        if backend_allreduce:
+            prog = dense_backend_allreduce_step(rank, P, v, res, workers.grad_fn(rank, t), workers.b, lr(t), t)
+        else:
+            prog = sgd_step(spec, rank, P, v, res, workers.grad_fn(rank, t), workers.b, lr(t), t)
+        t0 = time.perf_counter()
+        out: StepOutput = execute(prog, transport, busy, nbytes)
+        wall += time.perf_counter() - t0
+        v, res = out.v, out.residual
+        if traj is not None:
+            traj.append(v.copy())
+        # ---- metrics gathering (untimed)
+        mine = (out.acc, out.residual, out.grad, int(out.n_selected), int(out.n_applied), float(wall), busy.copy(),
+                float(nbytes[0]))
+        if transport is not None:
+            transport.where = f"metrics gathering after iteration {t} of {spec.label}"
+        if rank == 0:
+            snaps = [mine] + [transport.recv(q) for q in range(1, P)]
+            outs = [StepOutput(out.v, s[1], s[0], s[2], out.update, s[3], s[4]) for s in snaps]
+            rec.finish_iteration(t, outs, max(s[5] for s in snaps), np.array([s[6] for s in snaps]),
+                                 np.array([s[7] for s in snaps]))
+        else:
+            transport.send(0, mine)
+        if P > 1:
+            transport.barrier()
+    rows = rec.rows if rec is not None else None
+    if rows is not None and backend_allreduce:
+        for r in rows:
+            r["algorithm"] = f"dense[{BACKEND_ALLREDUCE}]"
+    return WorkerResult(rank, v, rows, traj, busy, wall)
+
+
+# ============================================================================ process group setup
+
+
+@dataclass
+class DistContext:
+    """This process's place in the run: ``rank``, ``P`` (world size), ``transport`` (None when P = 1 and
+    no process group was needed), ``device`` ("cpu" or "cuda:N"), ``timeout_s`` (s)."""
+
+    rank: int
+    P: int
+    transport: TorchTransport | None
+    device: str
+    timeout_s: float
+
+
+def _pick_backend(backend: str) -> tuple[str, str, int]:
+    import torch
+
+    local = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise SparsimError(f"dist backend = {backend!r} is unknown: valid auto, gloo, nccl")
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise SparsimError("dist backend = 'nccl' needs a CUDA GPU; none is visible (use gloo)")
+        dev = local % torch.cuda.device_count()
+        torch.cuda.set_device(dev)
+        return backend, f"cuda:{dev}", local
+    return backend, "cpu", local
+
+
+def init_from_env(*, backend: str = "auto", timeout_s: float = 60.0) -> DistContext:
+    """Join the process group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT); backend "auto" picks NCCL when a GPU is visible, else gloo. timeout_s: seconds before a
+    blocked operation fails. Returns a :class:`DistContext`. Raises SparsimError if the variables are missing."""
+    import torch.distributed as dist
+
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise SparsimError(f"torchrun environment variables {', '.join(missing)} are not set: launch with torchrun")
+    be, device, _ = _pick_backend(backend)
+    rank, P = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(be, init_method="env://", rank=rank, world_size=P,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return DistContext(rank, P, TorchTransport(rank, P, device=device, timeout_s=timeout_s), device, timeout_s)
+
+
+def _child(rank: int, P: int, port: int, backend: str, timeout_s: float, target, args, tmpdir: str) -> None:
+    """Body of one spawned local rank: join the group via the parent's TCPStore, run target, report."""
+    err_path = os.path.join(tmpdir, f"error_{rank}.txt")
+    try:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo" if sys.platform.startswith("linux") else "lo0")
+        os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"] = str(rank), str(rank), str(P)
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        be, device, _ = _pick_backend(backend)
+        td = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=td)
+        dist.init_process_group(be, store=store, rank=rank, world_size=P, timeout=td)
+        ctx = DistContext(rank, P, TorchTransport(rank, P, device=device, timeout_s=timeout_s), device, timeout_s)
+        result = target(ctx, *args)
+        tmp = os.path.join(tmpdir, f"result_{rank}.pkl.tmp")
+        with open(tmp, "wb") as fh:
+            pickle.dump(result, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, os.path.join(tmpdir, f"result_{rank}.pkl"))
+        try:
+            dist.destroy_process_group()
+        except Exception:  # pragma: no cover - best effort
+            pass
+    except BaseException as err:  # report, then die fast so the peers see closed connections
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if not isinstance(err, SparsimError):
+            msg = f"rank {rank}: {type(err).__name__}: {msg}"
+        elif not msg.startswith(f"rank {rank}"):
+            msg = f"rank {rank}: {msg}"
+        with open(err_path, "w") as fh:
+            fh.write(msg + "\n" + ("" if isinstance(err, SparsimError) else traceback.format_exc()))
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float = 60.0, backend: str = "gloo",
+                 start_timeout_s: float = 120.0) -> list:
+    """Run ``target(ctx, *args)`` in P local processes joined by torch.distributed on loopback.
+
+    P: ranks (>= 1). target: a module-level function (spawn pickles it by name) taking a
+    :class:`DistContext`; its return value must be picklable and comes back here. timeout_s (> 0): how
+    long any rank may block on a peer, and how long the others get to stop after one fails; hung
+    ranks are then killed. The rendezvous store is hosted by this process on 127.0.0.1 (a free port)
+    and gloo is bound to the loopback interface, so nothing listens beyond this machine.
+    Returns the P results by rank. Raises :class:`WorkerFailure` naming the failed rank(s) (raised,
+    died with exit code / signal, hung), SparsimError for bad arguments.
+    """
+    import multiprocessing as mp
+
+    import torch.distributed as dist
+
+    check_range("P", P, 1)
+    check_range("timeout_s", timeout_s, 0, lo_open=True)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout_s + start_timeout_s))
+    tmpdir = tempfile.mkdtemp(prefix="sparsim_torch_")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_child, args=(r, P, store.port, backend, float(timeout_s), target, args, tmpdir),
+                         name=f"sparsim-rank{r}", daemon=True) for r in range(P)]
+    from multiprocessing.connection import wait as mp_wait
+
+    try:
+        for p in procs:
+            p.start()
+        first_fail = None
+        killed: list[int] = []
+        while True:
+            alive = [p for p in procs if p.exitcode is None]
+            if not alive:
+                break
+            mp_wait([p.sentinel for p in alive], timeout=0.2)
+            if first_fail is None and any(p.exitcode not in (None, 0) for p in procs):
+                first_fail = time.monotonic()
+            if first_fail is not None and time.monotonic() - first_fail > timeout_s + 2.0:
+                for r, p in enumerate(procs):
+                    if p.exitcode is None:
+                        killed.append(r)
+                        p.kill()
+                for p in procs:
+                    p.join(10)
+                break
+        results, problems = [], []
+        for r, p in enumerate(procs):
+            path = os.path.join(tmpdir, f"result_{r}.pkl")
+            err = os.path.join(tmpdir, f"error_{r}.txt")
+            if r in killed:
+                problems.append((1, f"rank {r} hung (still running {timeout_s:g} s after another rank failed; killed)"))
+            elif os.path.exists(err):
+                text = open(err).read().splitlines()[0]
+                # a rank that merely saw its peer go away is a consequence, not the cause
+                prio = 2 if ("closed its connection" in text or "no answer within" in text) else 0
+                problems.append((prio, text))
+            elif p.exitcode != 0:
+                how = f"signal {-p.exitcode} ({signal.Signals(-p.exitcode).name})" if p.exitcode < 0 \
+                    else f"exit code {p.exitcode}"
+                problems.append((0, f"rank {r} died ({how})"))
+            elif not os.path.exists(path):
+                problems.append((0, f"rank {r} exited without a result"))
+            else:
+                with open(path, "rb") as fh:
+                    results.append(pickle.load(fh))
+        if problems:
+            problems.sort(key=lambda x: x[0])
+            head = problems[0][1]
+            rest = "; ".join(m for _, m in problems[1:])
+            raise WorkerFailure(f"torch backend failed: {head}" + (f" (also: {rest})" if rest else ""))
+        return results
+    finally:
+        for p in procs:
+            if p.exitcode is None:
+                p.kill()
+                p.join(5)
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        del store
+
+
+# ============================================================================ calibration (ping-pong)
+
+
+def pingpong_job(ctx: DistContext, sizes: list[int], repeats: int, warmup: int = 2) -> list | None:
+    """Ranks 0 and 1 bounce a uint8 payload of each size (bytes) ``repeats`` times through the
+    :class:`TorchTransport` (header + codec included, as in a collective). Returns on rank 0 a list of
+    (size_bytes, median one-way time in s, list of one-way times) ; None on the other ranks. Needs P >= 2."""
+    tr = ctx.transport
+    if ctx.P < 2:
+        raise SparsimError(f"calibration needs 2 ranks, got P = {ctx.P}")
+    out = []
+    for n in sizes:
+        payload = np.zeros(int(n), dtype=np.uint8)
+        times = []
+        for i in range(warmup + repeats):
+            if ctx.rank == 0:
+                t0 = time.perf_counter()
+                tr.send(1, payload)
+                tr.recv(1)
+                dt = (time.perf_counter() - t0) / 2
+                if i >= warmup:
+                    times.append(dt)
+            elif ctx.rank == 1:
+                got = tr.recv(0)
+                tr.send(0, got)
+        if ctx.rank == 0:
+            out.append((int(n), float(np.median(times)), times))
+    tr.barrier()
+    return out if ctx.rank == 0 else None
+
+
+def fit_alpha_beta(sizes, times) -> dict:
+    """Least-squares fit t = alpha + n * beta of one-way times (s) against sizes (bytes).
+
+    Minimises the relative residual sum_i ((alpha + n_i beta - t_i) / t_i)^2 (sizes span decades, so
+    an absolute fit would ignore the small messages). Returns a dict: alpha_s, beta_s_per_byte,
+    bandwidth_Bps, rms_rel_residual, max_rel_residual, rms_abs_residual_s. Raises SparsimError for
+    fewer than 2 sizes or a non-positive fitted beta.
+    """
+    n = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    if n.shape[0] < 2 or np.unique(n).shape[0] < 2:
+        raise SparsimError("calibration needs at least 2 distinct message sizes")
+    A = np.stack([np.ones_like(n), n], axis=1) / t[:, None]
+    coef, *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
+    alpha, beta = float(coef[0]), float(coef[1])
+    if beta <= 0:
+        raise SparsimError(f"calibration fit gave beta = {beta:.3g} s/byte <= 0: use larger message sizes")
+    alpha = max(alpha, 0.0)
+    pred = alpha + beta * n
+    rel = (pred - t) / t
+    return {"alpha_s": alpha, "beta_s_per_byte": beta, "bandwidth_Bps": 1.0 / beta,
+            "rms_rel_residual": float(math.sqrt(np.mean(rel ** 2))), "max_rel_residual": float(np.max(np.abs(rel))),
+            "rms_abs_residual_s": float(math.sqrt(np.mean((pred - t) ** 2)))}

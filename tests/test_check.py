@@ -1,0 +1,56 @@
+"""sparsim check: verdicts on a finished run agree with the metrics and with the theory module."""
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from experiments.check import check_run, read_metrics
+from experiments.cli import main
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "r"
+    r = CliRunner().invoke(main, ["run", "--out", str(out), "--quiet", "--set", "training.iterations=25",
+                                  "--algorithms", "dense,topk,gtopk,gtopk_reference"])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_check_verdicts_match_the_metrics(run_dir):
+    rep = check_run(run_dir)
+    by = read_metrics(run_dir)
+    assert {v.algorithm for v in rep.verdicts} == {"topk", "gtopk", "gtopk[reference]"}
+    for alg in ("topk", "gtopk"):
+        v = {x.check: x for x in rep.verdicts if x.algorithm == alg}
+        a1 = v["Assumption 1: max_t delta_t <= 1"]
+        worst = max(r["delta"] for r in by[alg] if r["iteration"] >= 1)
+        assert a1.value == worst and a1.holds == (worst <= 1)
+        assert v["Lemma 2 pathwise (delta := 1), worst step"].holds
+        # the corrected (M^2) variant is never below the published (M^2/B) one for B > 1
+        for name in ("Theorem 1 on schedule", "Theorem 1 with D (cond. 18)", "Corollary 2"):
+            assert v[f"{name} [corrected]"].bound > v[f"{name} [published]"].bound
+        # on the schedule is tighter than through condition (18)'s D
+        assert v["Theorem 1 on schedule [published]"].bound <= v["Theorem 1 with D (cond. 18) [published]"].bound
+        emp = v["Corollary 2 [published]"].value
+        rows = by[alg]
+        manual = sum(r["lr"] * p["grad_norm_sq"] for r, p in zip(rows[1:], rows[:-1])) / sum(r["lr"] for r in rows[1:])
+        assert emp == pytest.approx(manual, rel=1e-12)
+    saved = json.loads((run_dir / "check.json").read_text())
+    assert len(saved["verdicts"]) == len(rep.verdicts)
+    assert (run_dir / "check.txt").read_text().count("holds") + (run_dir / "check.txt").read_text().count("VIOLATED") \
+        == len(rep.verdicts)
+    assert (run_dir / "check.png").stat().st_size > 0
+
+
+def test_check_cli_prints_every_verdict_with_margin(run_dir):
+    r = CliRunner().invoke(main, ["check", str(run_dir)])
+    assert r.exit_code == 0
+    assert "Corollary 2 [corrected]" in r.output and "Assumption 1" in r.output
+    assert "margin" in r.output
+
+
+def test_check_bad_directory_exit_2(tmp_path):
+    r = CliRunner().invoke(main, ["check", str(tmp_path / "nope")])
+    assert r.exit_code == 2 and "not a finished run directory" in r.stderr
