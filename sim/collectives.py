@@ -45,6 +45,16 @@ def mask_nbytes(m: int) -> int:
     return (int(m) + 7) // 8
 
 
+def _rd_newrank(rank: int, rem: int) -> int:
+    """Rank among the pof2 survivors of MPICH's fold (odd ranks < 2*rem hold their even partner's data)."""
+    return rank // 2 if rank < 2 * rem else rank - rem
+
+
+def _rd_real(newrank: int, rem: int) -> int:
+    """Inverse of :func:`_rd_newrank`: the real rank behind a survivor's new rank."""
+    return 2 * newrank + 1 if newrank < rem else newrank + rem
+
+
 # ----------------------------------------------------------------------------- dense allreduce
 
 
@@ -107,16 +117,10 @@ def rd_allreduce(rank: int, P: int, x: np.ndarray, value_bytes: int = 4):
         got = yield Recv(rank - 1)
         yield Compute("reduce", buf.shape[0])
         buf = got + buf  # lower rank first
-        newrank = rank // 2
-    else:
-        newrank = rank - rem
-
-    def real(nr):
-        return 2 * nr + 1 if nr < rem else nr + rem
-
+    newrank = _rd_newrank(rank, rem)
     mask = 1
     while mask < pof2:
-        partner = real(newrank ^ mask)
+        partner = _rd_real(newrank ^ mask, rem)
         got = yield SendRecv(partner, buf, n, partner)
         yield Compute("reduce", buf.shape[0])
         buf = (buf + got) if rank < partner else (got + buf)
@@ -296,16 +300,10 @@ def gtopk_rd(rank: int, P: int, sel: Sparse, k: int, *, exact: bool = True,
         track.absorb(rank - 1, folded)
         cur = yield from _merge(cur, folded, k)
         track.survive(cur.idx)
-        newrank = rank // 2
-    else:
-        newrank = rank - rem
-
-    def real(nr):
-        return 2 * nr + 1 if nr < rem else nr + rem
-
+    newrank = _rd_newrank(rank, rem)
     mask = 1
     while mask < pof2:
-        partner = real(newrank ^ mask)
+        partner = _rd_real(newrank ^ mask, rem)
         got = yield SendRecv(partner, cur, len(cur) * s_el, partner)
         cur = yield from _merge(cur, got, k)
         track.survive(cur.idx)
