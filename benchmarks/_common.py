@@ -84,4 +84,27 @@ def write_csv(path: str | os.PathLike, header: list[str], rows: list[list]) -> P
 
 def environment_line() -> str:
     return (f"python {platform.python_version()}, numpy {np.__version__}, simpy {simpy.__version__}, "
-            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, "
+            f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
+
+
+def closed_form_messages(name: str, P: int) -> int:
+    """Messages per iteration summed over ranks (src != dst) of one S-SGD step, from the collectives.
+
+    name: "topk" (Bruck allgather: P ceil(lg P)), "gtopk_tree" (binomial reduce + broadcast: 2(P-1)),
+    "gtopk_rd" (recursive doubling: pof2 lg(pof2) + 2 rem), "dense_ring" (ring allreduce: 2(P-1) P),
+    "dense_rd" (recursive doubling allreduce: pof2 lg(pof2) + 2 rem).
+    """
+    ceil_lg = (int(P) - 1).bit_length()
+    pof2 = 1 << (int(P).bit_length() - 1)
+    rem = P - pof2
+    if name == "topk":
+        return P * ceil_lg
+    if name == "gtopk_tree":
+        return 2 * (P - 1)
+    if name in ("gtopk_rd", "dense_rd"):
+        return pof2 * (pof2.bit_length() - 1) + 2 * rem
+    if name == "dense_ring":
+        return 2 * (P - 1) * P if P > 1 else 0
+    raise KeyError(name)
+

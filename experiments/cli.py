@@ -42,8 +42,19 @@ def main():
 @click.option("--force", is_flag=True, help="overwrite a non-empty output directory")
 @click.option("--quiet", is_flag=True, help="no progress bar or summary table")
 @click.option("--check", "do_check", is_flag=True, help="run the theory checks on the finished run")
+@click.option("--backend", type=click.Choice(["sim", "torch"]), default="sim", show_default=True,
+              help="sim: simulated cluster; torch: real processes over torch.distributed (measured times)")
+@click.option("--nproc", type=int, default=None,
+              help="torch: local processes to start (sets cluster.P; must agree with a --set cluster.P)")
+@click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
+              help="torch: seconds a rank may wait on a peer before the run fails naming the rank")
+@click.option("--backend-allreduce", is_flag=True,
+              help="torch: dense uses torch.distributed.all_reduce (collective backend_allreduce)")
+@click.option("--dist-backend", type=click.Choice(["gloo", "nccl", "auto"]), default="gloo", show_default=True,
+              help="torch: process-group backend (auto: nccl when a GPU is visible)")
 @_user_errors
-def run(scenario, out, overrides, algorithms, force, quiet, do_check):
+def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, nproc, timeout_s, backend_allreduce,
+        dist_backend):
     """Run SCENARIO (a TOML file; default: the embedded default scenario) and write --out."""
     from .run import run_scenario
     from .scenario import load_scenario
@@ -51,8 +62,20 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check):
     ov = list(overrides)
     if algorithms:
         ov.append(f"algorithms={algorithms}")
+    if nproc is not None:
+        if backend != "torch":
+            raise SparsimError("--nproc needs --backend torch")
+        if nproc < 1:
+            raise SparsimError(f"--nproc {nproc} is out of range: valid --nproc >= 1")
+        sc0 = load_scenario(scenario, ov)
+        given = [o for o in ov if o.split("=", 1)[0].strip() == "cluster.P"]
+        if given and sc0.cluster.P != nproc:
+            raise SparsimError(f"--nproc {nproc} differs from --set cluster.P={sc0.cluster.P}: they must be equal")
+        ov.append(f"cluster.P={nproc}")
     sc = load_scenario(scenario, ov)
-    path = run_scenario(sc, out, force=force, progress=not quiet)
+    path = run_scenario(sc, out, force=force, progress=not quiet, backend=backend,
+                        nproc=nproc, timeout_s=timeout_s, backend_allreduce=backend_allreduce,
+                        dist_backend=dist_backend)
     if not quiet:
         _print_summary(path)
     if do_check:
@@ -87,6 +110,39 @@ def check(run_dir):
     from .check import check_run
 
     click.echo(check_run(run_dir).render())
+
+
+@main.command()
+@click.option("--nproc", type=int, default=2, show_default=True, help="local processes (ranks 0 and 1 ping-pong)")
+@click.option("--out", "out", default="calibration.toml", show_default=True, help="TOML file to write")
+@click.option("--min-bytes", type=int, default=1, show_default=True, help="smallest message (bytes)")
+@click.option("--max-bytes", type=int, default=1 << 24, show_default=True, help="largest message (bytes)")
+@click.option("--repeats", type=int, default=20, show_default=True, help="round trips per size (median taken)")
+@click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True, help="seconds before a stuck rank fails")
+@click.option("--force", is_flag=True, help="overwrite --out")
+@_user_errors
+def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, force):
+    """Measure the torch (gloo, loopback) transport: ping-pong over message sizes, fit alpha and beta.
+
+    Writes a TOML [cluster] table (network = "custom", alpha_s, bandwidth_Bps) to paste into a scenario.
+    """
+    from pathlib import Path
+
+    from sim.errors import check_range
+
+    from .calibrate import calibrate as run_calibration
+
+    check_range("--nproc", nproc, 2)
+    check_range("--min-bytes", min_bytes, 1)
+    check_range("--max-bytes", max_bytes, min_bytes + 1)
+    check_range("--repeats", repeats, 1)
+    p = Path(out)
+    if p.exists() and not force:
+        raise SparsimError(f"{str(p)!r} exists: choose another --out or pass --force")
+    text, fit = run_calibration(nproc, min_bytes, max_bytes, repeats, timeout_s)
+    p.write_text(text)
+    click.echo(text, nl=False)
+    click.echo(f"wrote {p}")
 
 
 @main.group()
@@ -174,6 +230,27 @@ def theory_eval(name, assignments):
     from theory.cli_support import evaluate
 
     click.echo(repr(evaluate(name, list(assignments))))
+
+
+@main.group()
+def experiment():
+    """One-command experiments that write a CSV, a figure (PNG and PDF) and a Markdown table."""
+
+
+@experiment.command("bounds")
+@click.option("--out", "out", default="runs/bounds", show_default=True, help="output directory to write")
+@click.option("--quick", is_flag=True, help="CI size: digits softmax only, c in {10, 100}, one B, 2 seeds, T = 30")
+@click.option("--force", is_flag=True, help="overwrite a non-empty output directory")
+@click.option("--jobs", type=int, default=None, help="parallel runs (default: all local cores)")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+@_user_errors
+def experiment_bounds(out, quick, force, jobs, quiet):
+    """Corollary 2 (published M^2/B vs corrected M^2) against measured runs over c, B and seeds."""
+    from .bounds_sweep import run_sweep
+
+    path, _rows, report = run_sweep(out, quick=quick, force=force, jobs=jobs, progress=not quiet)
+    click.echo(f"wrote {path}/ (results.csv, results.md, bounds.png, bounds.pdf, runs/)")
+    click.echo(report)
 
 
 if __name__ == "__main__":  # pragma: no cover

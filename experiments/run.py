@@ -26,14 +26,14 @@ import numpy as np
 from sim.algorithms import AlgorithmSpec
 from sim.compute import ComputeModel
 from sim.data import load_dataset, shard_indices
-from sim.errors import ConfigError, SparsimError
+from sim.errors import ConfigError, SparsimError, check_range
 from sim.network import NetworkSpec, get_preset
 from sim.objectives import make_objective
 from sim.runner import METRIC_COLUMNS, Workers, run_algorithm
 
 from .scenario import Scenario
 
-__all__ = ["build", "run_scenario", "write_metrics", "Built"]
+__all__ = ["build", "run_scenario", "write_metrics", "write_run_directory", "Built"]
 
 REAL_OBJECTIVES = ("logistic", "softmax")
 
@@ -159,68 +159,148 @@ def _totals(rows: list[dict]) -> dict:
 
 
 def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, progress: bool = True,
-                 figure: bool = True) -> Path:
+                 figure: bool = True, backend: str = "sim", nproc: int | None = None, timeout_s: float = 60.0,
+                 backend_allreduce: bool = False, dist_backend: str = "gloo") -> Path:
     """Run every algorithm of ``sc`` and write the run directory ``out``; return its path.
 
     The directory is built as ``out.partial`` and renamed when complete. Raises ConfigError if ``out``
     exists and is not empty (unless ``force``), and any SparsimError of the run (the partial directory
     is removed).
+
+    backend: "sim" (the SimPy cluster; simulated times) or "torch" (``nproc`` local processes over
+    torch.distributed on loopback, :mod:`sim.torch_backend`; the time columns are measured wall times
+    and sim_time_s is the cumulative measured time). nproc: must equal cluster.P (None: cluster.P).
+    timeout_s: torch only, seconds a rank may wait on a peer before the run fails (> 0).
+    backend_allreduce: torch only, dense uses torch.distributed.all_reduce. dist_backend: "gloo", "nccl"
+    or "auto". When a torch rank fails, :class:`sim.torch_backend.WorkerFailure` is raised naming the
+    rank and ``out.partial/error.txt`` records it (``out`` is not created).
     """
     out = Path(out)
+    if backend not in ("sim", "torch"):
+        raise ConfigError(f"backend = {backend!r} is unknown: valid sim, torch")
+    if backend == "sim" and (nproc is not None or backend_allreduce):
+        raise ConfigError("--nproc and --backend-allreduce need --backend torch")
+    if nproc is not None and nproc != sc.cluster.P:
+        raise ConfigError(f"--nproc {nproc} differs from cluster.P = {sc.cluster.P}: they must be equal")
     if out.exists() and any(out.iterdir()) and not force:
         raise ConfigError(f"output directory {str(out)!r} exists and is not empty: choose another --out or pass --force")
     built = build(sc)
+    if backend == "torch":
+        _check_torch()
+        check_range("timeout_s", timeout_s, 0, lo_open=True)
+        if dist_backend not in ("gloo", "nccl", "auto"):
+            raise ConfigError(f"dist backend = {dist_backend!r} is unknown: valid gloo, nccl, auto")
+        if dist_backend == "nccl":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("--dist-backend nccl needs a CUDA GPU and none is visible: use gloo")
+        if backend_allreduce and "dense" not in sc.algorithms:
+            raise ConfigError("--backend-allreduce needs dense among the algorithms")
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
-        rows: list[dict] = []
-        per_alg = {}
         t_wall = time.perf_counter()
-        for spec in built.specs:
-            bar = _progress(spec.label, sc.training.iterations, progress)
-            try:
-                r = run_algorithm(spec, built.workers, T=sc.training.iterations, lr=built.lr, x0=built.x0,
-                                  network=built.network, compute=built.compute,
-                                  eval_every=sc.training.eval_every, on_row=bar.on_row)
-            finally:
-                bar.close()
-            per_alg[spec.label] = _totals(r)
-            rows.extend(r)
-        write_metrics(tmp / "metrics.csv", rows)
-        summary = {
-            "scenario": sc.model_dump(),
-            "seed": sc.seed,
-            "resolved": {
-                "d": built.d, "k": built.k, "compression_ratio_c": built.d / built.k, "density": built.k / built.d,
-                "n_samples": built.objective.n, "P": sc.cluster.P, "global_batch_B": sc.cluster.P * sc.training.batch_size,
-                "network": {**asdict(built.network), "alpha_s": built.network.end_to_end_alpha_beta()[0],
-                            "beta_s_per_byte": built.network.end_to_end_alpha_beta()[1]},
-                "lr_first": built.lr(1),
-                "objective": type(built.objective).__name__,
-                "constants": built.objective.constants(),
-                "x0_loss": rows[0]["loss"],
-            },
-            "algorithms": [asdict(s) for s in built.specs],
-            "totals": per_alg,
-            "versions": _versions(),
-            "wall_time_s": time.perf_counter() - t_wall,
-        }
-        with open(tmp / "summary.json", "w") as fh:
-            json.dump(summary, fh, indent=2, default=_json_default)
-        if figure:
-            from .plots import run_figure
+        if backend == "sim":
+            rows: list[dict] = []
+            for spec in built.specs:
+                bar = _progress(spec.label, sc.training.iterations, progress)
+                try:
+                    r = run_algorithm(spec, built.workers, T=sc.training.iterations, lr=built.lr, x0=built.x0,
+                                      network=built.network, compute=built.compute,
+                                      eval_every=sc.training.eval_every, on_row=bar.on_row)
+                finally:
+                    bar.close()
+                rows.extend(r)
+            info = {"name": "sim"}
+        else:
+            from sim.torch_backend import WorkerFailure, launch_local
 
-            run_figure(rows, tmp, title=f"{sc.name}: P = {sc.cluster.P}, d = {built.d}, k = {built.k}, "
-                                         f"{sc.cluster.network}")
+            from .torch_run import scenario_job
+
+            try:
+                results = launch_local(sc.cluster.P, scenario_job, (sc.model_dump(), backend_allreduce),
+                                       timeout_s=timeout_s, backend=dist_backend)
+            except WorkerFailure as err:
+                (tmp / "error.txt").write_text(f"{err}\n")
+                tmp = None  # keep DIR.partial/error.txt as the record of the failure
+                raise
+            rows = results[0]
+            info = {"name": "torch", "dist_backend": dist_backend, "nproc": sc.cluster.P, "timeout_s": timeout_s,
+                    "backend_allreduce": backend_allreduce, "torch": _torch_version(),
+                    "time_columns": "measured wall time per rank (s), averaged over ranks; sim_time_s = "
+                                    "largest cumulative step time over ranks"}
+        write_run_directory(tmp, sc, built, rows, time.perf_counter() - t_wall, figure=figure, backend=info)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _check_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ConfigError("--backend torch needs PyTorch: pip install 'sparsim[torch]' (torch==2.13.0)") from None
+
+
+def _torch_version():
+    try:
+        import torch
+
+        return torch.__version__
+    except ImportError:  # pragma: no cover
+        return None
+
+
+def write_run_directory(tmp: Path, sc: Scenario, built: "Built", rows: list[dict], wall_s: float, *,
+                        figure: bool = True, backend: dict | None = None) -> None:
+    """Write metrics.csv, summary.json and the figure of a finished run into directory ``tmp``.
+
+    rows: the metrics rows of every algorithm in order (:data:`METRIC_COLUMNS`). wall_s: the run's wall
+    time (s). backend: a dict describing the backend, stored as summary["backend"] (default sim).
+    """
+    segments: list[list[dict]] = []
+    for r in rows:  # each algorithm's rows start with its iteration-0 row
+        if r["iteration"] == 0 or not segments:
+            segments.append([])
+        segments[-1].append(r)
+    per_alg = {seg[0]["algorithm"]: _totals(seg) for seg in segments}
+    write_metrics(tmp / "metrics.csv", rows)
+    summary = {
+        "scenario": sc.model_dump(),
+        "seed": sc.seed,
+        "resolved": {
+            "d": built.d, "k": built.k, "compression_ratio_c": built.d / built.k, "density": built.k / built.d,
+            "n_samples": built.objective.n, "P": sc.cluster.P, "global_batch_B": sc.cluster.P * sc.training.batch_size,
+            "network": {**asdict(built.network), "alpha_s": built.network.end_to_end_alpha_beta()[0],
+                        "beta_s_per_byte": built.network.end_to_end_alpha_beta()[1]},
+            "lr_first": built.lr(1),
+            "objective": type(built.objective).__name__,
+            "constants": built.objective.constants(),
+            "x0_loss": rows[0]["loss"],
+        },
+        "algorithms": [asdict(s) for s in built.specs],
+        "totals": per_alg,
+        "versions": _versions(),
+        "wall_time_s": wall_s,
+    }
+    if backend is not None and backend.get("name") != "sim":
+        summary["backend"] = backend
+    with open(tmp / "summary.json", "w") as fh:
+        json.dump(summary, fh, indent=2, default=_json_default)
+    if figure:
+        from .plots import run_figure
+
+        where = sc.cluster.network if not backend or backend.get("name") == "sim" else \
+            f"torch/{backend.get('dist_backend')} measured"
+        run_figure(rows, tmp, title=f"{sc.name}: P = {sc.cluster.P}, d = {built.d}, k = {built.k}, {where}")
 
 
 def _json_default(o):

@@ -14,8 +14,9 @@ S-SGD and of their collectives -- through :func:`execute`, which carries out the
 Payloads are numpy arrays, :class:`~sim.compression.Sparse`, lists of them (Bruck allgather blocks),
 tuples ``(Sparse, bool ndarray | None)`` (gTop-k broadcast) or None. :func:`encode` / :func:`decode`
 turn them into a uint8 buffer and back bit-exactly (dtypes kept; float64 stays float64) without
-pickle. On the wire a message is an int64 length header followed by the bytes, so variable sizes
-(empty selections included) need no padding.
+pickle. On the wire a payload is a fixed-size first message (an int64 length header and the first
+bytes) and, for a larger payload, a second message with the rest, so variable sizes (empty selections
+included) need no agreement between the ranks.
 
 Because the numbers are computed by the same numpy code as in the simulator and the bytes travel
 unchanged, the parameter trajectory of every algorithm is bit-identical to the simulator's for the
@@ -66,6 +67,8 @@ __all__ = [
     "launch_local",
     "DistContext",
     "init_from_env",
+    "pingpong_job",
+    "fit_alpha_beta",
 ]
 
 #: Name of the dense fast path: torch.distributed.all_reduce instead of the shared ring/RD definition.
@@ -187,12 +190,16 @@ class TorchTransport:
 
     rank, P: this rank and the world size (ints). device: "cpu" for gloo, "cuda:N" for NCCL (the uint8
     buffers are staged there). timeout_s: seconds any single send/receive may block before
-    :class:`WorkerFailure` is raised (naming this rank and the peer). A message is an int64 length
-    header (8 bytes) then the :func:`encode` bytes. ``wire_bytes`` counts what this rank sent (bytes,
-    headers included). Requires torch.distributed to be initialised.
+    :class:`WorkerFailure` is raised (naming this rank and the peer). A payload travels as a first
+    message of exactly ``eager_bytes`` bytes (default 1024: an int64 length header, then the start of
+    the :func:`encode` bytes, zero-padded) and, if it does not fit, one more message with the rest; the
+    receiver learns the size from the header, so variable sizes need no agreement beforehand and a
+    small payload costs one message, not two. ``wire_bytes`` counts what this rank sent (bytes, first
+    messages' padding included). Requires torch.distributed to be initialised.
     """
 
-    def __init__(self, rank: int, P: int, *, device: str = "cpu", timeout_s: float = 60.0):
+    def __init__(self, rank: int, P: int, *, device: str = "cpu", timeout_s: float = 60.0,
+                 eager_bytes: int = 1024):
         import torch
         import torch.distributed as dist
 
@@ -201,6 +208,7 @@ class TorchTransport:
         self.nccl = str(device).startswith("cuda")
         self.timeout = datetime.timedelta(seconds=float(timeout_s))
         self.timeout_s = float(timeout_s)
+        self.eager_bytes = int(check_range("eager_bytes", eager_bytes, 16))
         self.wire_bytes = 0
         self.where = ""  # context for error messages, e.g. "iteration 3"
 
@@ -224,9 +232,6 @@ class TorchTransport:
         else:
             work.wait(timeout=self.timeout)
 
-    def _header(self, n: int):
-        return self.torch.tensor([n], dtype=self.torch.int64, device=self.device)
-
     def _body(self, buf: np.ndarray):
         t = self.torch.from_numpy(np.array(buf, dtype=np.uint8, copy=True))
         return t.to(self.device) if self.device != "cpu" else t
@@ -234,65 +239,95 @@ class TorchTransport:
     def _to_numpy(self, t) -> np.ndarray:
         return t.cpu().numpy() if self.device != "cpu" else t.numpy()
 
+    def _split(self, payload):
+        """(first message: eager_bytes, the rest or None, wire bytes) for a payload."""
+        buf = encode(payload)
+        n, room = buf.shape[0], self.eager_bytes - 8
+        first = np.zeros(self.eager_bytes, dtype=np.uint8)
+        first[:8] = np.frombuffer(np.int64(n).tobytes(), dtype=np.uint8)
+        m = min(n, room)
+        first[8:8 + m] = buf[:m]
+        rest = buf[m:] if n > room else None
+        return self._body(first), (self._body(rest) if rest is not None else None), \
+            self.eager_bytes + (0 if rest is None else rest.shape[0])
+
+    def _empty_first(self):
+        return self.torch.empty(self.eager_bytes, dtype=self.torch.uint8, device=self.device)
+
+    def _rest_len(self, first) -> tuple[int, int]:
+        """(payload length, bytes still to receive after the first message)."""
+        n = int(np.frombuffer(self._to_numpy(first[:8]).tobytes(), dtype=np.int64)[0])
+        return n, max(0, n - (self.eager_bytes - 8))
+
+    def _join(self, first, rest, n: int):
+        head = self._to_numpy(first)[8:8 + min(n, self.eager_bytes - 8)]
+        return decode(head if rest is None else np.concatenate([head, self._to_numpy(rest)]))
+
     # -- operations ----------------------------------------------------------------------------
     def send(self, dst: int, payload) -> None:
         """Send ``payload`` to rank ``dst`` and return when it has been handed over (blocking)."""
-        buf = encode(payload)
+        first, rest, wire = self._split(payload)
         dist = self.dist
         try:
-            self._wait(dist.isend(self._header(buf.shape[0]), dst))
-            self._wait(dist.isend(self._body(buf), dst))
+            self._wait(dist.isend(first, dst))
+            if rest is not None:
+                self._wait(dist.isend(rest, dst))
         except RuntimeError as err:
             self._fail("send to", dst, err)
-        self.wire_bytes += 8 + buf.shape[0]
+        self.wire_bytes += wire
 
     def recv(self, src: int):
         """Receive the next message from rank ``src`` (FIFO per pair) and return its payload."""
-        dist, torch = self.dist, self.torch
-        hdr = torch.zeros(1, dtype=torch.int64, device=self.device)
+        dist = self.dist
+        first, rest = self._empty_first(), None
         try:
-            self._wait(dist.irecv(hdr, src))
-            n = int(hdr.item())
-            body = torch.empty(n, dtype=torch.uint8, device=self.device)
-            self._wait(dist.irecv(body, src))
+            self._wait(dist.irecv(first, src))
+            n, left = self._rest_len(first)
+            if left:
+                rest = self.torch.empty(left, dtype=self.torch.uint8, device=self.device)
+                self._wait(dist.irecv(rest, src))
         except RuntimeError as err:
             self._fail("receive from", src, err)
-        return decode(self._to_numpy(body))
+        return self._join(first, rest, n)
 
     def sendrecv(self, dst: int, payload, src: int):
         """Send ``payload`` to ``dst`` and receive from ``src`` concurrently (MPI_Sendrecv); returns
-        what ``src`` sent. gloo: isend header and body, irecv header, then the body; NCCL: two batched
-        phases (headers, then bodies), since NCCL needs matched send/recv pairs launched together."""
+        what ``src`` sent. gloo: isend and irecv of the first messages, then the remainders; NCCL: the
+        same two phases, each launched as one batch (NCCL needs matched pairs launched together)."""
         dist, torch = self.dist, self.torch
-        buf = encode(payload)
-        hdr_out = self._header(buf.shape[0])
-        hdr_in = torch.zeros(1, dtype=torch.int64, device=self.device)
-        body_out = self._body(buf)
+        first_out, rest_out, wire = self._split(payload)
+        first_in, rest_in = self._empty_first(), None
         peer = src
         try:
             if self.nccl:
-                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, hdr_out, dst),
-                                                 dist.P2POp(dist.irecv, hdr_in, src)]):
+                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, first_out, dst),
+                                                 dist.P2POp(dist.irecv, first_in, src)]):
                     w.wait()
-                body_in = torch.empty(int(hdr_in.item()), dtype=torch.uint8, device=self.device)
-                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, body_out, dst),
-                                                 dist.P2POp(dist.irecv, body_in, src)]):
-                    w.wait()
+                n, left = self._rest_len(first_in)
+                ops = [dist.P2POp(dist.isend, rest_out, dst)] if rest_out is not None else []
+                if left:
+                    rest_in = torch.empty(left, dtype=torch.uint8, device=self.device)
+                    ops.append(dist.P2POp(dist.irecv, rest_in, src))
+                if ops:
+                    for w in dist.batch_isend_irecv(ops):
+                        w.wait()
             else:
-                s_hdr = dist.isend(hdr_out, dst)
-                r_hdr = dist.irecv(hdr_in, src)
-                s_body = dist.isend(body_out, dst)
-                self._wait(r_hdr)
-                body_in = torch.empty(int(hdr_in.item()), dtype=torch.uint8, device=self.device)
-                r_body = dist.irecv(body_in, src)
-                self._wait(r_body)
+                sends = [dist.isend(first_out, dst)]
+                r_first = dist.irecv(first_in, src)
+                if rest_out is not None:
+                    sends.append(dist.isend(rest_out, dst))
+                self._wait(r_first)
+                n, left = self._rest_len(first_in)
+                if left:
+                    rest_in = torch.empty(left, dtype=torch.uint8, device=self.device)
+                    self._wait(dist.irecv(rest_in, src))
                 peer = dst
-                self._wait(s_hdr)
-                self._wait(s_body)
+                for w in sends:
+                    self._wait(w)
         except RuntimeError as err:
             self._fail("exchange with" if dst == src else "send/receive with", peer, err)
-        self.wire_bytes += 8 + buf.shape[0]
-        return decode(self._to_numpy(body_in))
+        self.wire_bytes += wire
+        return self._join(first_in, rest_in, n)
 
     def barrier(self) -> None:
         """All ranks meet (untimed bookkeeping); raises WorkerFailure after the process group's timeout."""
@@ -596,8 +631,16 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
 
     check_range("P", P, 1)
     check_range("timeout_s", timeout_s, 0, lo_open=True)
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout_s + start_timeout_s))
+    import socket
+
+    # the rendezvous store listens on a socket bound to loopback only (TCPStore alone binds every interface)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    store = dist.TCPStore("127.0.0.1", sock.getsockname()[1], is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout_s + start_timeout_s),
+                          master_listen_fd=sock.fileno())
+    sock.detach()  # the store owns (and closes) the listening socket now
     tmpdir = tempfile.mkdtemp(prefix="sparsim_torch_")
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_child, args=(r, P, store.port, backend, float(timeout_s), target, args, tmpdir),
@@ -629,7 +672,8 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
             path = os.path.join(tmpdir, f"result_{r}.pkl")
             err = os.path.join(tmpdir, f"error_{r}.txt")
             if r in killed:
-                problems.append((1, f"rank {r} hung (still running {timeout_s:g} s after another rank failed; killed)"))
+                problems.append((1, f"rank {r} hung (still running {timeout_s + 2:g} s after another rank failed; "
+                                    "killed)"))
             elif os.path.exists(err):
                 text = open(err).read().splitlines()[0]
                 # a rank that merely saw its peer go away is a consequence, not the cause

@@ -1,0 +1,108 @@
+"""Scenario runs on the torch backend: the per-rank job, and the torchrun entry point for several machines.
+
+Local runs (``sparsim run --backend torch --nproc P``) spawn P processes through
+:func:`sim.torch_backend.launch_local`, each running :func:`scenario_job`. On several machines, start
+one process per rank with torchrun (README, "Real backend"):
+
+    torchrun --nnodes 2 --nproc-per-node 4 --node-rank N --master-addr HOST --master-port 29500 \\
+        -m experiments.torch_run SCENARIO.toml --out DIR
+
+Every rank builds the same scenario (deterministic from its seed), runs each algorithm with
+:func:`sim.torch_backend.run_worker`, and rank 0 writes the run directory.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["scenario_job", "main"]
+
+
+def scenario_job(ctx, scenario_dump: dict, backend_allreduce: bool = False) -> list | None:
+    """Run every algorithm of a scenario as rank ``ctx.rank`` (a :class:`sim.torch_backend.DistContext`).
+
+    scenario_dump: ``Scenario.model_dump()`` (validated again here). backend_allreduce: dense uses
+    torch.distributed.all_reduce. Returns on rank 0 the metrics rows of all algorithms in order
+    (list of dicts), None on the other ranks. Raises ConfigError if cluster.P differs from the world size.
+    """
+    from sim.errors import ConfigError
+    from sim.torch_backend import run_worker
+
+    from .run import build
+    from .scenario import Scenario
+
+    sc = Scenario.model_validate(scenario_dump)
+    if sc.cluster.P != ctx.P:
+        raise ConfigError(f"cluster.P = {sc.cluster.P} differs from the {ctx.P} launched processes: they must be equal")
+    built = build(sc)
+    rows = []
+    for spec in built.specs:
+        res = run_worker(ctx.rank, ctx.P, spec, built.workers, T=sc.training.iterations, lr=built.lr, x0=built.x0,
+                         transport=ctx.transport, eval_every=sc.training.eval_every,
+                         backend_allreduce=backend_allreduce and spec.name == "dense")
+        if ctx.rank == 0:
+            rows.extend(res.rows)
+    return rows if ctx.rank == 0 else None
+
+
+def main(argv=None) -> int:
+    """torchrun entry point: ``python -m experiments.torch_run [SCENARIO] --out DIR [--set K=V ...]
+    [--algorithms A,B] [--timeout S] [--dist-backend auto|gloo|nccl] [--backend-allreduce] [--force]``. Rank 0 writes DIR
+    (via DIR.partial). Returns the exit code (2 and one line for user errors)."""
+    import argparse
+
+    from sim.errors import SparsimError
+
+    ap = argparse.ArgumentParser(prog="python -m experiments.torch_run")
+    ap.add_argument("scenario", nargs="?")
+    ap.add_argument("--out", default="runs/torch")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--algorithms", default=None)
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--dist-backend", default="auto")
+    ap.add_argument("--backend-allreduce", action="store_true")
+    ap.add_argument("--force", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        import torch.distributed as dist
+
+        from sim.torch_backend import init_from_env
+
+        from .run import build, write_run_directory
+        from .scenario import load_scenario
+
+        ov = list(a.overrides) + ([f"algorithms={a.algorithms}"] if a.algorithms else [])
+        sc = load_scenario(a.scenario, ov)
+        ctx = init_from_env(backend=a.dist_backend, timeout_s=a.timeout)
+        if ctx.rank == 0:
+            out = Path(a.out)
+            if out.exists() and any(out.iterdir()) and not a.force:
+                raise SparsimError(f"output directory {str(out)!r} exists and is not empty: choose another --out "
+                                   "or pass --force")
+        t0 = time.perf_counter()
+        rows = scenario_job(ctx, sc.model_dump(), a.backend_allreduce)
+        if ctx.rank == 0:
+            import shutil
+
+            out = Path(a.out)
+            tmp = out.with_name(out.name + ".partial")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            write_run_directory(tmp, sc, build(sc), rows, time.perf_counter() - t0,
+                                backend={"name": "torch", "dist_backend": a.dist_backend, "nproc": ctx.P,
+                                         "timeout_s": a.timeout, "backend_allreduce": a.backend_allreduce,
+                                         "launcher": "torchrun"})
+            if out.exists():
+                shutil.rmtree(out)
+            tmp.rename(out)
+            print(f"wrote {out}/")
+        dist.destroy_process_group()
+        return 0
+    except SparsimError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

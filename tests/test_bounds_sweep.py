@@ -1,0 +1,51 @@
+"""``sparsim experiment bounds --quick``: results.csv rows, bound ordering, CI, figures, reuse, bad --out."""
+from __future__ import annotations
+
+import csv
+
+from click.testing import CliRunner
+
+from experiments.bounds_sweep import confidence_interval
+from experiments.cli import main
+
+
+def _rows(path):
+    with open(path / "results.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_quick_bounds_sweep(tmp_path):
+    out = tmp_path / "bounds"
+    r = CliRunner().invoke(main, ["experiment", "bounds", "--quick", "--quiet", "--out", str(out)],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert not (tmp_path / "bounds.partial").exists()
+    rows = _rows(out)
+    # quick: digits softmax, c in {10, 100}, one B (P = 4, b = 4), two seeds, T = 30, topk and gtopk
+    assert {(x["algorithm"], int(x["c"])) for x in rows} == {(a, c) for a in ("topk", "gtopk") for c in (10, 100)}
+    assert len(rows) == 4
+    for x in rows:
+        assert x["objective"] == "softmax_digits"
+        assert int(x["d"]) == 640 and int(x["k"]) == round(640 / int(x["c"]))
+        assert int(x["B"]) == 16 and int(x["T"]) == 30 and int(x["seeds"]) == 2
+        emp, lo, hi = float(x["empirical_mean"]), float(x["ci_low"]), float(x["ci_high"])
+        bp, bc = float(x["bound_published"]), float(x["bound_corrected"])
+        assert emp > 0 and lo <= emp <= hi
+        assert bc >= bp > 0  # B > 1: the corrected M^2 step is larger than the published M^2/B
+        assert (x["published_holds"] == "True") == (bp >= emp)
+        assert (x["corrected_holds"] == "True") == (bc >= emp)
+    for name in ("bounds.png", "bounds.pdf", "results.md"):
+        assert (out / name).stat().st_size > 0
+    assert "| softmax_digits |" in r.output and ("YES" in r.output or "NO" in r.output)
+
+    # an existing non-empty --out without --force: one-line error, exit code 2
+    bad = CliRunner().invoke(main, ["experiment", "bounds", "--quick", "--quiet", "--out", str(out)])
+    assert bad.exit_code == 2
+    assert bad.output.strip().startswith("error:") and len(bad.output.strip().splitlines()) == 1
+
+
+def test_confidence_interval_contains_mean():
+    m, lo, hi = confidence_interval([1.0, 2.0, 4.0])
+    assert lo < m < hi and abs(m - 7 / 3) < 1e-12
+    assert confidence_interval([3.0, 3.0]) == (3.0, 3.0, 3.0)
+    assert confidence_interval([5.0]) == (5.0, 5.0, 5.0)
