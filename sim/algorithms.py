@@ -24,13 +24,13 @@ import numpy as np
 from . import collectives as C
 from .compression import Sparse, topk
 from .errors import ConfigError, NonFiniteError, SparsimError, check_range
-from .ops import Compute
+from .ops import AllReduce, Compute
 
 __all__ = ["AlgorithmSpec", "StepOutput", "sgd_step", "ALGORITHMS", "COLLECTIVES"]
 
 #: Algorithm names and the collectives each may use (the first is the default).
 COLLECTIVES = {
-    "dense": ("ring", "recursive_doubling"),
+    "dense": ("ring", "recursive_doubling", "backend_allreduce"),
     "topk": ("allgather",),
     "gtopk": ("tree", "recursive_doubling"),
 }
@@ -135,6 +135,8 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
     if spec.name == "dense":
         if spec.collective == "ring":
             g = yield from C.ring_allreduce(rank, P, acc, vb)
+        elif spec.collective == "backend_allreduce":  # torch backend only: dist.all_reduce
+            g = yield AllReduce(acc, d * vb)
         else:
             g = yield from C.rd_allreduce(rank, P, acc, vb)
         new_res = np.zeros_like(acc)

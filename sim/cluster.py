@@ -20,7 +20,8 @@ import simpy
 from .compute import ComputeModel
 from .errors import check_range
 from .network import Network, NetworkSpec
-from .ops import Compute, Recv, Send, SendRecv
+from .errors import SparsimError
+from .ops import AllReduce, Compute, Recv, Send, SendRecv
 
 __all__ = ["SimCluster", "CATEGORY_OF_KIND", "CATEGORIES"]
 
@@ -113,6 +114,8 @@ class SimCluster:
                     yield env.timeout(sec)
                 busy[CATEGORY_OF_KIND[op.kind]] += sec
                 continue
+            if isinstance(op, AllReduce):
+                raise SparsimError("collective backend_allreduce runs only on the torch backend: valid here ring, recursive_doubling")
             if isinstance(op, Send):
                 yield self._post_send(rank, op.dst, op.payload, op.nbytes)
             elif isinstance(op, Recv):

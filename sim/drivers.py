@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from .ops import Compute, Recv, Send, SendRecv
+from .errors import SparsimError
+from .ops import AllReduce, Compute, Recv, Send, SendRecv
 
 __all__ = ["run_lockstep", "DeadlockError"]
 
@@ -66,6 +67,8 @@ def run_lockstep(programs: list) -> list:
                 waiting[r] = op.src
             elif isinstance(op, Compute):
                 pass
+            elif isinstance(op, AllReduce):
+                raise SparsimError("collective backend_allreduce runs only on the torch backend: valid here ring, recursive_doubling")
             else:
                 raise TypeError(f"rank {r} yielded {op!r}, not a sim.ops operation")
 

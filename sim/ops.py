@@ -66,6 +66,19 @@ class SendRecv:
 
 
 @dataclass(frozen=True)
+class AllReduce:
+    """Sum ``payload`` (float array (d,)) over all ranks with the transport's own allreduce.
+
+    Only the torch backend carries it out (``torch.distributed.all_reduce``: the named fast path
+    ``backend_allreduce`` of dense S-SGD); the simulated drivers reject it with a SparsimError, since
+    the backend's internal algorithm is not a message-level model.
+    """
+
+    payload: Any
+    nbytes: int
+
+
+@dataclass(frozen=True)
 class Compute:
     """Local work: ``kind`` is a key of :data:`COMPUTE_KINDS`; ``work`` its size (>= 0)."""
 

@@ -32,6 +32,8 @@ step and is not timed.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import datetime
 import math
 import os
@@ -52,7 +54,7 @@ from .algorithms import AlgorithmSpec, StepOutput, sgd_step
 from .cluster import CATEGORY_OF_KIND
 from .compression import Sparse
 from .errors import SparsimError, check_range
-from .ops import Compute, Recv, Send, SendRecv
+from .ops import AllReduce, Compute, Recv, Send, SendRecv
 
 __all__ = [
     "encode",
@@ -62,7 +64,6 @@ __all__ = [
     "execute",
     "run_worker",
     "WorkerResult",
-    "dense_backend_allreduce_step",
     "BACKEND_ALLREDUCE",
     "launch_local",
     "DistContext",
@@ -340,37 +341,6 @@ class TorchTransport:
 # ============================================================================ driver
 
 
-@dataclass(frozen=True)
-class _BackendAllReduce:
-    """Torch-driver-only operation: sum ``x`` (float array (d,)) over ranks with dist.all_reduce."""
-
-    x: np.ndarray
-    nbytes: int
-
-
-def dense_backend_allreduce_step(rank: int, P: int, v: np.ndarray, residual: np.ndarray, grad_fn, batch_size: int,
-                                 lr: float, iteration: int):
-    """Dense S-SGD step with the backend's own all_reduce (the named fast path ``backend_allreduce``).
-
-    A sans-I/O program like :func:`sim.algorithms.sgd_step` with ``AlgorithmSpec("dense")``, whose
-    allreduce is one torch-only operation executed by ``torch.distributed.all_reduce`` (gloo / NCCL
-    choose their own algorithm). Shapes and return value as sgd_step (a :class:`StepOutput`). The
-    numbers equal the shared ring's up to the floating-point summation order, so this path is not
-    bit-identical to the simulator; only :func:`execute` can run it. Raises NonFiniteError as sgd_step.
-    """
-    from .algorithms import _check_finite
-
-    d = v.shape[0]
-    with np.errstate(over="ignore", invalid="ignore"):
-        grad = np.asarray(grad_fn(v), dtype=v.dtype)
-    yield Compute("forward_backward", batch_size)
-    _check_finite(grad, "gradient", rank, iteration)
-    with np.errstate(over="ignore", invalid="ignore"):
-        acc = residual + lr * grad
-    _check_finite(acc, "error-feedback accumulator", rank, iteration)
-    g = yield _BackendAllReduce(acc, d * acc.dtype.itemsize)
-    yield Compute("update", d)
-    return StepOutput(v - g / P, np.zeros_like(acc), acc, grad, g, d, d)
 
 
 def execute(program, transport: TorchTransport | None, busy: np.ndarray, bytes_sent: np.ndarray | None = None,
@@ -415,8 +385,8 @@ def execute(program, transport: TorchTransport | None, busy: np.ndarray, bytes_s
         elif isinstance(op, SendRecv):
             value = transport.sendrecv(op.dst, op.payload, op.src)
             nb = op.nbytes
-        elif isinstance(op, _BackendAllReduce):
-            value = _all_reduce(transport, op.x)
+        elif isinstance(op, AllReduce):
+            value = _all_reduce(transport, op.payload)
             nb = op.nbytes
         else:
             raise TypeError(f"rank {transport.rank} yielded {op!r}, not a sim.ops operation")
@@ -467,7 +437,7 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     workers: anything with ``grad_fn(rank, t) -> (v -> float array (d,))``, ``b`` (int, samples per
     batch) and, on rank 0, ``objective`` (loss, full_grad) -- :class:`sim.runner.Workers` or a duck-typed
     test double. lr: t -> alpha_t. x0: float array (d,) (its dtype is the arithmetic dtype).
-    backend_allreduce: dense only, use dist.all_reduce (:func:`dense_backend_allreduce_step`).
+    backend_allreduce: dense only, use dist.all_reduce (sgd_step's collective ``backend_allreduce``).
     Every rank must call this with the same arguments. After each step every rank sends its
     accumulator, residual, gradient, counters and clocks to rank 0 (untimed), which builds the metrics
     row with :class:`sim.runner.MetricsRecorder` exactly as the simulator does; sim_time_s is the
@@ -482,6 +452,8 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     spec.check_dim(x0.shape[0])
     if backend_allreduce and spec.name != "dense":
         raise SparsimError(f"backend_allreduce is a dense fast path: algorithm {spec.name} cannot use it")
+    if backend_allreduce:
+        spec = dataclasses.replace(spec, collective=BACKEND_ALLREDUCE)
     if P > 1 and transport is None:
         raise SparsimError(f"P = {P} ranks need a transport")
     rec = None
@@ -498,10 +470,7 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     for t in range(1, T + 1):
         if transport is not None:
             transport.where = f"iteration {t} of {spec.label}"
-        if backend_allreduce:
-            prog = dense_backend_allreduce_step(rank, P, v, res, workers.grad_fn(rank, t), workers.b, lr(t), t)
-        else:
-            prog = sgd_step(spec, rank, P, v, res, workers.grad_fn(rank, t), workers.b, lr(t), t)
+        prog = sgd_step(spec, rank, P, v, res, workers.grad_fn(rank, t), workers.b, lr(t), t)
         t0 = time.perf_counter()
         out: StepOutput = execute(prog, transport, busy, nbytes)
         wall += time.perf_counter() - t0

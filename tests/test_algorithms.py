@@ -240,3 +240,14 @@ def test_simulated_iteration_time_is_compute_plus_closed_form():
             assert r["iter_time_s"] == pytest.approx(expect, rel=1e-9)
             assert r["compute_s"] == pytest.approx(0.01, rel=1e-12)
             assert r["comm_s"] == pytest.approx(expect - 0.01, rel=1e-9)
+
+
+def test_backend_allreduce_is_rejected_by_the_simulated_drivers():
+    """The torch-only fast path cannot be simulated message by message: a clear SparsimError, not a hang."""
+    from sim.errors import SparsimError
+
+    obj, w = _workers(2)
+    spec = AlgorithmSpec("dense", collective="backend_allreduce")
+    for driver in ("lockstep", "simpy"):
+        with pytest.raises(SparsimError, match="backend_allreduce runs only on the torch backend"):
+            run_algorithm(spec, w, T=1, lr=lambda t: 0.1, x0=obj.x0(0), driver=driver, network=PRESETS["1GbE"])
