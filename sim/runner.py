@@ -56,7 +56,8 @@ class Workers:
 class StepStats:
     """Global quantities of one iteration computed from all workers' outputs.
 
-    update_norm etc. are float; delta is None for dense (Assumption 1 ratio, THEORY.md section 4).
+    Norms are float; delta is None for dense (Assumption 1 ratio, THEORY.md section 4).
+    mean_grad: G_t = (1/P) sum_p G_p and mean_residual: eps_t = (1/P) sum_p eps_p, float arrays (d,).
     mass_error: max_i |sum_p acc_p - g - sum_p eps_p|_i (0 up to rounding for exact algorithms).
     """
 
@@ -65,6 +66,8 @@ class StepStats:
     delta: float | None
     applied_fraction: float
     mass_error: float
+    mean_grad: np.ndarray
+    mean_residual: np.ndarray
 
 
 def step_stats(spec: AlgorithmSpec, outs: list[StepOutput]) -> StepStats:
@@ -75,10 +78,10 @@ def step_stats(spec: AlgorithmSpec, outs: list[StepOutput]) -> StepStats:
     """
     P = len(outs)
     d = outs[0].v.shape[0]
-    sum_acc = np.sum([o.acc for o in outs], axis=0)
-    sum_res = np.sum([o.residual for o in outs], axis=0)
+    sum_acc = _sum_rows(o.acc for o in outs)
+    sum_res = _sum_rows(o.residual for o in outs)
     g = outs[0].update
-    G = np.sum([o.grad for o in outs], axis=0) / P
+    G = _sum_rows(o.grad for o in outs) / P
     delta = None
     if spec.name != "dense" and spec.k < d:
         num = float(np.dot(sum_acc - g, sum_acc - g))
@@ -92,7 +95,19 @@ def step_stats(spec: AlgorithmSpec, outs: list[StepOutput]) -> StepStats:
         delta=delta,
         applied_fraction=(sum(o.n_applied for o in outs) / n_sel) if n_sel else 1.0,
         mass_error=float(np.max(np.abs(sum_acc - g - sum_res))) if d else 0.0,
+        mean_grad=G,
+        mean_residual=eps,
     )
+
+
+def _sum_rows(arrays) -> np.ndarray:
+    """Sum of equal-shape arrays in the given order, added one after the other (the same bits as
+    ``np.sum(np.stack(arrays), axis=0)``) without building the (P, d) stack."""
+    it = iter(arrays)
+    total = np.array(next(it), copy=True)
+    for a in it:
+        total += a
+    return total
 
 
 
@@ -118,8 +133,7 @@ class MetricsRecorder:
         # (the norm ||x_t - v_t|| = ||eps_t|| that the bounds use is the same).
         self.x_aux = x0.copy()
         g0 = objective.full_grad(x0)
-        self._emit(_row(spec, 0, math.nan, 0.0, 0.0, np.zeros(3), objective.loss(x0), float(g0 @ g0), None, 0.0, 0,
-                        0.0))
+        self._emit(_row(spec, 0, math.nan, 0.0, 0.0, np.zeros(3), objective.loss(x0), float(g0 @ g0), None, 0.0, 0.0))
         self._prev_time = 0.0
         self._prev_busy = None
         self._prev_bytes = None
@@ -144,9 +158,9 @@ class MetricsRecorder:
         if self.on_step is not None:
             self.on_step(t, outs)
         st = step_stats(spec, outs)
-        self.x_aux = self.x_aux - lr(t) * (np.sum([o.grad for o in outs], axis=0) / P)
+        self.x_aux = self.x_aux - lr(t) * st.mean_grad
         v = outs[0].v
-        eps = np.sum([o.residual for o in outs], axis=0) / P
+        eps = st.mean_residual
         aux_gap = float(np.max(np.abs((v - self.x_aux) - eps))) if d else 0.0  # v_t - x_t = eps_t
         if self._evaluate(t):
             with np.errstate(over="ignore", invalid="ignore"):
@@ -156,8 +170,7 @@ class MetricsRecorder:
             loss = gn = math.nan
         dbusy = (busy - self._prev_busy).mean(axis=0)
         dbytes = float((bytes_sent - self._prev_bytes).mean())
-        row = _row(spec, t, lr(t), now, now - self._prev_time, dbusy, loss, gn, st, dbytes,
-                   st.applied_fraction, aux_gap)
+        row = _row(spec, t, lr(t), now, now - self._prev_time, dbusy, loss, gn, st, dbytes, aux_gap)
         self._prev_time, self._prev_busy, self._prev_bytes = now, busy.copy(), bytes_sent.copy()
         self._emit(row)
         return row
@@ -228,7 +241,7 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
     return rows
 
 
-def _row(spec, t, lr_t, now, dt, dbusy, loss, gn, st: StepStats | None, dbytes, applied, aux_gap) -> dict:
+def _row(spec, t, lr_t, now, dt, dbusy, loss, gn, st: StepStats | None, dbytes, aux_gap) -> dict:
     return {
         "algorithm": spec.label,
         "iteration": t,
@@ -244,7 +257,7 @@ def _row(spec, t, lr_t, now, dt, dbusy, loss, gn, st: StepStats | None, dbytes, 
         "residual_norm_sq": st.residual_norm_sq if st else 0.0,
         "delta": (st.delta if st and st.delta is not None else None),
         "bytes_sent": dbytes,
-        "applied_fraction": applied if st else math.nan,
+        "applied_fraction": st.applied_fraction if st else math.nan,
         "mass_error": st.mass_error if st else 0.0,
         "aux_gap": aux_gap,
     }
