@@ -94,10 +94,14 @@ def topk(x: np.ndarray, k: int) -> Sparse:
     x = np.asarray(x)
     d = x.shape[0]
     k = _check_k(k, d)
+    if np.count_nonzero(x) < d:
+        # zeros are never selected: choose among the non-zeros only (np.partition is very slow on the
+        # long runs of tied zeros that sparse gradients have). Same result, ties still to the lower index.
+        nzi = np.flatnonzero(x)
+        sel = nzi if nzi.shape[0] <= k else nzi[topk_select_indices(np.abs(x[nzi]), k)]
+        return Sparse(sel.astype(np.int64, copy=False), x[sel], d)
     sel = topk_select_indices(np.abs(x), k)
-    vals = x[sel]
-    nz = vals != 0
-    return Sparse(sel[nz], vals[nz], d)
+    return Sparse(sel, x[sel], d)
 
 
 def randk(x: np.ndarray, k: int, rng: np.random.Generator) -> Sparse:
