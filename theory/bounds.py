@@ -238,6 +238,21 @@ class Bound:
         return expand_definitions(self.expr, names)
 
     # -- validation and evaluation ------------------------------------------------------------------
+    def check_names(self, names) -> None:
+        """Raise :class:`SparsimError` if ``names`` (an iterable of parameter names) holds an unknown one
+        (listing the valid parameters) or lacks one of :attr:`params` (listing the missing ones)."""
+        names = set(names)
+        unknown = sorted(names - set(self.params))
+        if unknown:
+            raise SparsimError(
+                f"{self.name}: unknown parameter(s) {', '.join(unknown)}; valid parameters: {', '.join(self.params)}"
+            )
+        missing = [p for p in self.params if p not in names]
+        if missing:
+            raise SparsimError(
+                f"{self.name}: missing parameter(s) {', '.join(missing)}; needs {', '.join(self.params)}"
+            )
+
     def validate(self, values: Mapping[str, object]) -> dict[str, int | float]:
         """Check ``values`` against :attr:`params` and their ranges; return them as ints/floats.
 
@@ -249,16 +264,7 @@ class Bound:
         Raises :class:`SparsimError` naming an unknown or missing parameter (with the valid ones) or
         the first value out of range (with its valid range).
         """
-        unknown = sorted(set(values) - set(self.params))
-        if unknown:
-            raise SparsimError(
-                f"{self.name}: unknown parameter(s) {', '.join(unknown)}; valid parameters: {', '.join(self.params)}"
-            )
-        missing = [p for p in self.params if p not in values]
-        if missing:
-            raise SparsimError(
-                f"{self.name}: missing parameter(s) {', '.join(missing)}; needs {', '.join(self.params)}"
-            )
+        self.check_names(values)
         out: dict[str, int | float] = {}
         for p in self.params:
             out[p] = _coerce(p, values[p], self.overrides.get(p, _SPECS[p]))

@@ -111,13 +111,6 @@ def evaluate(name: str, assignments: Mapping[str, str] | Iterable[str]) -> float
     b = get_bound(name)
     if not isinstance(assignments, Mapping):
         assignments = parse_assignments(assignments)
-    unknown = sorted(set(assignments) - set(b.params))
-    if unknown:
-        raise SparsimError(
-            f"{name}: unknown parameter(s) {', '.join(unknown)}; valid parameters: {', '.join(b.params)}"
-        )
-    missing = [p for p in b.params if p not in assignments]
-    if missing:
-        raise SparsimError(f"{name}: missing parameter(s) {', '.join(missing)}; needs {', '.join(b.params)}")
+    b.check_names(assignments)  # before parsing, so an unknown key is named as such
     values = {k: _parse_number(k, str(v)) for k, v in assignments.items()}
     return b.evaluate(**values)
