@@ -23,7 +23,6 @@ import sys
 import tomllib
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table  # noqa: E402

@@ -22,15 +22,14 @@ synthetic objective, the data). Output directory (built as ``DIR.partial``, rena
 from __future__ import annotations
 
 import csv
-import math
 import os
-import shutil
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .outdir import check_out, partial_dir, publish
 from sim.errors import ConfigError
 
 __all__ = ["SweepPlan", "RESULT_COLUMNS", "plan", "run_sweep", "confidence_interval", "markdown_table"]
@@ -239,14 +238,13 @@ def run_sweep(out, *, quick: bool = False, force: bool = False, jobs: int | None
     left in ``out.partial`` by an interrupted sweep are reused.
     """
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise ConfigError(f"output directory {str(out)!r} exists and is not empty: choose another --out or pass --force")
+    check_out(out, force)
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs} is out of range: valid jobs >= 1")
     sp = plan(quick)
-    tmp = out.with_name(out.name + ".partial")
-    (tmp / "runs").mkdir(parents=True, exist_ok=True)
+    tmp = partial_dir(out, fresh=False)  # finished runs of an interrupted sweep are reused
+    (tmp / "runs").mkdir(exist_ok=True)
     cfgs = sp.configs()
     results: dict = {}
     from tqdm import tqdm
@@ -274,7 +272,5 @@ def run_sweep(out, *, quick: bool = False, force: bool = False, jobs: int | None
                           "Question: does the published-variant Corollary 2 bound ever fall below the empirical "
                           "value while the corrected one holds?\nAnswer: " + answer(rows)])
     (tmp / "results.md").write_text(report + "\n")
-    if out.exists():
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
-    tmp.rename(out)
+    publish(tmp, out)
     return out, rows, report

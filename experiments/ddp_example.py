@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
 
 
 def train_job(ctx, iters: int, density: float, algorithm: str, lr: float, every: int):

@@ -26,11 +26,12 @@ import numpy as np
 from sim.algorithms import AlgorithmSpec
 from sim.compute import ComputeModel
 from sim.data import load_dataset, shard_indices
-from sim.errors import ConfigError, SparsimError, check_range
+from sim.errors import ConfigError, check_range
 from sim.network import NetworkSpec, get_preset
 from sim.objectives import make_objective
 from sim.runner import METRIC_COLUMNS, Workers, run_algorithm
 
+from .outdir import check_out, partial_dir, publish
 from .scenario import Scenario
 
 __all__ = ["build", "run_scenario", "write_metrics", "write_run_directory", "Built"]
@@ -182,8 +183,7 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
         raise ConfigError("--nproc and --backend-allreduce need --backend torch")
     if nproc is not None and nproc != sc.cluster.P:
         raise ConfigError(f"--nproc {nproc} differs from cluster.P = {sc.cluster.P}: they must be equal")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ConfigError(f"output directory {str(out)!r} exists and is not empty: choose another --out or pass --force")
+    check_out(out, force)
     built = build(sc)
     if backend == "torch":
         _check_torch()
@@ -197,10 +197,7 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
                 raise ConfigError("--dist-backend nccl needs a CUDA GPU and none is visible: use gloo")
         if backend_allreduce and "dense" not in sc.algorithms:
             raise ConfigError("--backend-allreduce needs dense among the algorithms")
-    tmp = out.with_name(out.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    tmp = partial_dir(out)
     try:
         t_wall = time.perf_counter()
         if backend == "sim":
@@ -233,9 +230,7 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
                     "time_columns": "measured wall time per rank (s), averaged over ranks; sim_time_s = "
                                     "largest cumulative step time over ranks"}
         write_run_directory(tmp, sc, built, rows, time.perf_counter() - t_wall, figure=figure, backend=info)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        publish(tmp, out)
     except BaseException:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

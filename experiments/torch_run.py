@@ -69,6 +69,7 @@ def main(argv=None) -> int:
 
         from sim.torch_backend import init_from_env
 
+        from .outdir import check_out, partial_dir, publish
         from .run import build, write_run_directory
         from .scenario import load_scenario
 
@@ -76,26 +77,17 @@ def main(argv=None) -> int:
         sc = load_scenario(a.scenario, ov)
         ctx = init_from_env(backend=a.dist_backend, timeout_s=a.timeout)
         if ctx.rank == 0:
-            out = Path(a.out)
-            if out.exists() and any(out.iterdir()) and not a.force:
-                raise SparsimError(f"output directory {str(out)!r} exists and is not empty: choose another --out "
-                                   "or pass --force")
+            check_out(Path(a.out), a.force)
         t0 = time.perf_counter()
         rows = scenario_job(ctx, sc.model_dump(), a.backend_allreduce)
         if ctx.rank == 0:
-            import shutil
-
             out = Path(a.out)
-            tmp = out.with_name(out.name + ".partial")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            tmp = partial_dir(out)
             write_run_directory(tmp, sc, build(sc), rows, time.perf_counter() - t0,
                                 backend={"name": "torch", "dist_backend": a.dist_backend, "nproc": ctx.P,
                                          "timeout_s": a.timeout, "backend_allreduce": a.backend_allreduce,
                                          "launcher": "torchrun"})
-            if out.exists():
-                shutil.rmtree(out)
-            tmp.rename(out)
+            publish(tmp, out)
             print(f"wrote {out}/")
         dist.destroy_process_group()
         return 0

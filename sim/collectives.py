@@ -14,7 +14,7 @@ Thakur, Rabenseifner and Gropp (2005) / ../shared/COSTS.md when P is a power of 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil
+
 
 import numpy as np
 

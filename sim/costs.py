@@ -9,8 +9,6 @@ For P a power of two they are the formulas of Thakur, Rabenseifner and Gropp (20
 """
 from __future__ import annotations
 
-from math import ceil
-
 from .collectives import mask_nbytes, pof2_split
 
 __all__ = [

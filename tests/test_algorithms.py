@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from sim.algorithms import AlgorithmSpec, sgd_step
 from sim.collectives import gtopk_rd, gtopk_tree, pof2_split
-from sim.compression import Sparse, topk
+from sim.compression import topk
 from sim.data import shard_indices
 from sim.drivers import run_lockstep
 from sim.network import PRESETS

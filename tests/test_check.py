@@ -1,6 +1,5 @@
 """sparsim check: verdicts on a finished run agree with the metrics and with the theory module."""
 import json
-import math
 
 import pytest
 from click.testing import CliRunner
