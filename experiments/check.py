@@ -69,6 +69,7 @@ class CheckReport:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
+        """JSON-ready dict: run_dir, constants (value, how, note), verdicts (one dict each), notes."""
         return {"run_dir": self.run_dir, "constants": self.constants,
                 "verdicts": [asdict(v) for v in self.verdicts], "notes": self.notes}
 
