@@ -21,15 +21,13 @@ synthetic objective, the data). Output directory (built as ``DIR.partial``, rena
 """
 from __future__ import annotations
 
-import csv
-import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .outdir import check_out, partial_dir, publish
+from .outdir import check_out, partial_dir, publish, save_figure, write_csv
+from .sweep import map_jobs, resolve_jobs
 from sim.errors import ConfigError
 
 __all__ = ["SweepPlan", "RESULT_COLUMNS", "plan", "run_sweep", "confidence_interval", "markdown_table"]
@@ -163,14 +161,6 @@ def _aggregate(sp: SweepPlan, results: dict) -> list[dict]:
     return rows
 
 
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=RESULT_COLUMNS, lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (repr(v) if isinstance(v, float) else v) for k, v in r.items()})
-
-
 def answer(rows: list[dict]) -> str:
     """The yes/no answer: does the published bound fall below the empirical value while the corrected one holds?"""
     hits = [r for r in rows if not r["published_holds"] and r["corrected_holds"]]
@@ -225,47 +215,31 @@ def _figure(sp: SweepPlan, rows: list[dict], outdir: Path) -> None:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=6.5)
     fig.tight_layout()
-    fig.savefig(outdir / "bounds.png", dpi=110)
-    fig.savefig(outdir / "bounds.pdf")
-    plt.close(fig)
+    save_figure(fig, outdir, "bounds")
 
 
-def run_sweep(out, *, quick: bool = False, force: bool = False, jobs: int | None = None,
+def run_sweep(out, *, quick: bool = False, force: bool = False, jobs: int | None = None, scheduler: str | None = None,
               progress: bool = True) -> tuple[Path, list[dict], str]:
     """Run the bounds sweep into ``out`` (via ``out.partial``); return (path, result rows, Markdown report).
 
-    Raises ConfigError if ``out`` exists and is not empty (unless ``force``) or ``jobs`` < 1. Finished runs
-    left in ``out.partial`` by an interrupted sweep are reused.
+    jobs: local processes (default all cores; 1 runs inline); scheduler: a Dask scheduler address to run the
+    runs on a Dask cluster instead (:func:`experiments.sweep.map_jobs`). Raises ConfigError if ``out`` exists
+    and is not empty (unless ``force``) or ``jobs`` < 1; SparsimError if ``scheduler`` is given and Dask is
+    missing or unreachable. Finished runs left in ``out.partial`` by an interrupted sweep are reused.
     """
     out = Path(out)
     check_out(out, force)
-    jobs = jobs if jobs is not None else (os.cpu_count() or 1)
-    if jobs < 1:
-        raise ConfigError(f"--jobs {jobs} is out of range: valid jobs >= 1")
+    if scheduler is None:
+        resolve_jobs(jobs)
     sp = plan(quick)
     tmp = partial_dir(out, fresh=False)  # finished runs of an interrupted sweep are reused
     (tmp / "runs").mkdir(exist_ok=True)
     cfgs = sp.configs()
-    results: dict = {}
-    from tqdm import tqdm
-
-    bar = tqdm(total=len(cfgs), desc="bounds sweep", unit="run", disable=not progress)
     args = [(o, c, b, s, sp.iterations, str(tmp / "runs" / _run_dir_name(o, c, b, s))) for o, c, b, s in cfgs]
-    try:
-        if jobs == 1:
-            for a in args:
-                results[(a[0].name, a[1], a[2], a[3])] = _one_run(*a)
-                bar.update(1)
-        else:
-            with ProcessPoolExecutor(max_workers=min(jobs, len(args))) as ex:
-                futs = {ex.submit(_one_run, *a): (a[0].name, a[1], a[2], a[3]) for a in args}
-                for f in as_completed(futs):
-                    results[futs[f]] = f.result()
-                    bar.update(1)
-    finally:
-        bar.close()
+    got = map_jobs(_one_run, args, jobs=jobs, scheduler=scheduler, progress=progress, desc="bounds sweep")
+    results = {(a[0].name, a[1], a[2], a[3]): r for a, r in zip(args, got)}
     rows = _aggregate(sp, results)
-    _write_csv(tmp / "results.csv", rows)
+    write_csv(tmp / "results.csv", RESULT_COLUMNS, rows)
     _figure(sp, rows, tmp)
     notes = [o.note for o in sp.objectives if o.note]
     report = "\n\n".join([markdown_table(rows), *(f"Note: {n}." for n in notes),

@@ -242,14 +242,89 @@ def experiment():
 @click.option("--quick", is_flag=True, help="CI size: digits softmax only, c in {10, 100}, one B, 2 seeds, T = 30")
 @click.option("--force", is_flag=True, help="overwrite a non-empty output directory")
 @click.option("--jobs", type=int, default=None, help="parallel runs (default: all local cores)")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="run the sweep on a Dask cluster, e.g. tcp://host:8786 (needs sparsim[experiments])")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @_user_errors
-def experiment_bounds(out, quick, force, jobs, quiet):
+def experiment_bounds(out, quick, force, jobs, scheduler, quiet):
     """Corollary 2 (published M^2/B vs corrected M^2) against measured runs over c, B and seeds."""
     from .bounds_sweep import run_sweep
 
-    path, _rows, report = run_sweep(out, quick=quick, force=force, jobs=jobs, progress=not quiet)
+    path, _rows, report = run_sweep(out, quick=quick, force=force, jobs=jobs, scheduler=scheduler, progress=not quiet)
     click.echo(f"wrote {path}/ (results.csv, results.md, bounds.png, bounds.pdf, runs/)")
+    click.echo(report)
+
+
+@experiment.command("scaling")
+@click.option("--out", "out", default="runs/scaling", show_default=True, help="output directory to write")
+@click.option("--quick", is_flag=True, help="CI size: ResNet-50 only, P = 4..32, crossover at density 0.05")
+@click.option("--force", is_flag=True, help="overwrite a non-empty output directory")
+@click.option("--jobs", type=int, default=None, help="parallel simulations (default: all local cores)")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="run the sweep on a Dask cluster, e.g. tcp://host:8786 (needs sparsim[experiments])")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+@_user_errors
+def experiment_scaling(out, quick, force, jobs, scheduler, quiet):
+    """ICDCS 2019: iteration time and scaling efficiency vs P for dense, Top-k and gTop-k on 1 GbE, vs the published."""
+    from .scaling import run_scaling
+
+    path, report = run_scaling(out, quick=quick, force=force, jobs=jobs, scheduler=scheduler, progress=not quiet)
+    click.echo(f"wrote {path}/ (scaling.csv, ratios.csv, crossover.csv, breakdown.csv, report.md, "
+               "scaling.png, scaling.pdf, cases/)")
+    click.echo(report)
+
+
+
+def _paper_options(name, quick_help):
+    """The options every paper experiment (delta, compression, memsgd) shares."""
+    def deco(fn):
+        for opt in reversed([
+            click.option("--out", "out", default=f"runs/{name}", show_default=True, help="output directory to write"),
+            click.option("--quick", is_flag=True, help=quick_help),
+            click.option("--force", is_flag=True, help="overwrite a non-empty output directory"),
+            click.option("--jobs", type=int, default=None, help="parallel runs (default: all local cores)"),
+            click.option("--quiet", is_flag=True, help="no progress bar"),
+        ]):
+            fn = opt(fn)
+        return fn
+    return deco
+
+
+@experiment.command("delta")
+@_paper_options("delta", "CI size: T = 150 instead of 2000")
+@_user_errors
+def experiment_delta(out, quick, force, jobs, quiet):
+    """gTop-k paper Figure 1: delta_t of Top-k and gTop-k at c = 1000, P = 4 (digits: c = 640, its largest)."""
+    from .delta import run_delta
+
+    path, _rows, report = run_delta(out, quick=quick, force=force, jobs=jobs, progress=not quiet)
+    click.echo(f"wrote {path}/ (delta.csv, summary.csv, results.md, delta.png, delta.pdf, runs/)")
+    click.echo(report)
+
+
+@experiment.command("compression")
+@_paper_options("compression", "CI size: T = 60 instead of 1500")
+@_user_errors
+def experiment_compression(out, quick, force, jobs, quiet):
+    """gTop-k paper Figure 2: loss and ||grad f||^2 for dense and c = 1000..20000, with Corollary 2 (both variants)."""
+    from .compression import run_compression
+
+    path, _rows, report = run_compression(out, quick=quick, force=force, jobs=jobs, progress=not quiet)
+    click.echo(f"wrote {path}/ (compression.csv, bounds.csv, results.md, compression.png, compression.pdf, runs/)")
+    click.echo(report)
+
+
+@experiment.command("memsgd")
+@_paper_options("memsgd", "CI size: epsilon-like d = 200, n = 1000, T = 3000, gamma = 2 schedule only")
+@click.option("--libsvm", "libsvm", type=click.Path(dir_okay=False), default=None,
+              help="also run on this binary LIBSVM-format file")
+@_user_errors
+def experiment_memsgd(out, quick, force, jobs, quiet, libsvm):
+    """Mem-SGD: top-k vs rand-k (with memory) vs SGD on logistic regression, lambda = 1/n, P = 1."""
+    from .memsgd import run_memsgd
+
+    path, _rows, report = run_memsgd(out, quick=quick, force=force, jobs=jobs, progress=not quiet, libsvm=libsvm)
+    click.echo(f"wrote {path}/ (memsgd.csv, summary.csv, fstar.json, results.md, memsgd.png, memsgd.pdf, runs/)")
     click.echo(report)
 
 

@@ -1,4 +1,6 @@
-"""Output directories that never look complete when they are not: build in ``DIR.partial``, then rename.
+"""Output files: directories that never look complete when they are not, CSV tables and figures.
+
+Directories are built in ``DIR.partial``, then renamed.
 
 Every command that writes a directory (``sparsim run``, the torchrun entry point, ``sparsim experiment``)
 uses these three steps: :func:`check_out` before any work, :func:`partial_dir` to build into, and
@@ -6,12 +8,15 @@ uses these three steps: :func:`check_out` before any work, :func:`partial_dir` t
 """
 from __future__ import annotations
 
+import csv
+import math
 import shutil
 from pathlib import Path
+from typing import Sequence
 
 from sim.errors import ConfigError
 
-__all__ = ["check_out", "partial_dir", "publish"]
+__all__ = ["check_out", "partial_dir", "publish", "write_csv", "csv_cell", "save_figure"]
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -40,3 +45,30 @@ def publish(tmp: Path, out: Path) -> Path:
         out.unlink()
     Path(tmp).rename(out)
     return out
+
+
+def csv_cell(v) -> str:
+    """One CSV cell: floats in repr (round-trip) form, None and nan as empty, anything else as str()."""
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "" if math.isnan(v) else repr(v)
+    return str(v)
+
+
+def write_csv(path: Path, columns: Sequence[str], rows: list[dict]) -> None:
+    """Write ``rows`` (dicts; a missing key is an empty cell) to CSV ``path`` with a header of ``columns``."""
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(columns)
+        for r in rows:
+            w.writerow([csv_cell(r.get(c)) for c in columns])
+
+
+def save_figure(fig, outdir: Path, stem: str) -> None:
+    """Save a matplotlib ``fig`` as ``outdir/stem.png`` (110 dpi) and ``outdir/stem.pdf``, then close it."""
+    from .plots import plt
+
+    fig.savefig(Path(outdir) / f"{stem}.png", dpi=110)
+    fig.savefig(Path(outdir) / f"{stem}.pdf")
+    plt.close(fig)

@@ -73,9 +73,7 @@ def run_figure(rows: list[dict], outdir: Path, title: str = "") -> list[Path]:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    outdir = Path(outdir)
-    paths = [outdir / "figure.png", outdir / "figure.pdf"]
-    for p in paths:
-        fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return paths
+    from .outdir import save_figure
+
+    save_figure(fig, outdir, "figure")
+    return [Path(outdir) / "figure.png", Path(outdir) / "figure.pdf"]

@@ -10,7 +10,6 @@ interrupted run never leaves a directory that looks finished):
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -31,7 +30,7 @@ from sim.network import NetworkSpec, get_preset
 from sim.objectives import make_objective
 from sim.runner import METRIC_COLUMNS, Workers, run_algorithm
 
-from .outdir import check_out, partial_dir, publish
+from .outdir import check_out, partial_dir, publish, write_csv
 from .scenario import Scenario
 
 __all__ = ["build", "run_scenario", "write_metrics", "write_run_directory", "Built"]
@@ -108,21 +107,9 @@ def build(sc: Scenario) -> Built:
     return Built(sc)
 
 
-def _fmt(v):
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return "" if math.isnan(v) else repr(v)
-    return str(v)
-
-
 def write_metrics(path: Path, rows: list[dict]) -> None:
     """Write rows to CSV with the :data:`METRIC_COLUMNS` header; floats in repr (round-trip) form, nan/None empty."""
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(METRIC_COLUMNS)
-        for r in rows:
-            w.writerow([_fmt(r[c]) for c in METRIC_COLUMNS])
+    write_csv(path, METRIC_COLUMNS, rows)
 
 
 def _versions() -> dict:

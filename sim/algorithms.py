@@ -10,6 +10,8 @@ Per iteration t and worker p (THEORY.md section 2; Shi et al. IJCAI 2019, Algori
 - dense S-SGD:  g = allreduce(alpha_t G_p);                                residual stays 0.
 - Top-k S-SGD:  acc_p = eps_p + alpha_t G_p;  g = sum_q TopK(acc_q) (allgather);  eps_p = acc_p - TopK(acc_p).
 - gTop-k S-SGD: acc_p = eps_p + alpha_t G_p;  (g, gMask_p) = gTopK(acc_1..acc_P);  eps_p = acc_p * (1 - gMask_p).
+- Rand-k S-SGD: as Top-k with RandK(acc_p) (k uniformly drawn coordinates) in place of TopK(acc_p); with
+  P = 1 this is Mem-SGD with rand-k (Stich et al. 2018): acc = m + eta g, send RandK(acc), m = acc - RandK(acc).
 
 and every worker applies v_t = v_{t-1} - g / P. Mass is conserved exactly for every algorithm:
 sum_p acc_p = g + sum_p eps_p (up to floating-point rounding), unless the gTop-k ``reference`` mask
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import collectives as C
-from .compression import Sparse, topk
+from .compression import Sparse, randk, topk
 from .errors import ConfigError, NonFiniteError, SparsimError, check_range
 from .ops import AllReduce, Compute
 
@@ -33,21 +35,27 @@ COLLECTIVES = {
     "dense": ("ring", "recursive_doubling", "backend_allreduce"),
     "topk": ("allgather",),
     "gtopk": ("tree", "recursive_doubling"),
+    "randk": ("allgather",),
 }
 ALGORITHMS = tuple(COLLECTIVES)
+#: Stream tag appended to ``[seed, rank, iteration]`` for the rand-k coordinate draw ("RAND" in ASCII).
+RANDK_STREAM = 0x52414E44
 
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
     """What one S-SGD variant does each step.
 
-    name: "dense" | "topk" | "gtopk". k: selected coordinates per worker (1 <= k <= d; ignored by dense).
+    name: "dense" | "topk" | "gtopk" | "randk". k: selected coordinates per worker (1 <= k <= d; ignored by dense).
     collective: one of :data:`COLLECTIVES` [name] ("ring"/"recursive_doubling" allreduce for dense,
     "allgather" for Top-k, "tree" (binomial reduce + broadcast) or "recursive_doubling" for gTop-k).
     mask: gTop-k only, "exact" (gMask_p = entries that reached g) or "reference" (the released code's
     final-support AND local-top-k rule, which can lose mass). value_bytes, index_bytes: bytes per
     transmitted value / index (default 4 + 4: fp32 values, int32 indices).
-    Raises ConfigError for an unknown name, collective or mask.
+    seed: randk only, seeds the coordinate draw: worker p at iteration t selects with
+    ``np.random.default_rng([seed, p, t, RANDK_STREAM])`` (the extra constant keeps the draw independent
+    of the mini-batch draw, which uses ``[seed, p, t]``), so a run is reproducible for a given seed.
+    Raises ConfigError for an unknown name, collective or mask, or a negative seed.
     """
 
     name: str
@@ -56,6 +64,7 @@ class AlgorithmSpec:
     mask: str = "exact"
     value_bytes: int = 4
     index_bytes: int = 4
+    seed: int = 0
 
     def __post_init__(self):
         if self.name not in COLLECTIVES:
@@ -69,6 +78,7 @@ class AlgorithmSpec:
             raise ConfigError(f"mask = {self.mask!r} is unknown: valid exact, reference")
         check_range("value_bytes", self.value_bytes, 1, 16)
         check_range("index_bytes", self.index_bytes, 0, 16)
+        check_range("seed", self.seed, 0)
         if self.name != "dense" and self.k is None:
             raise ConfigError(f"{self.name} needs k (1 <= k <= d)")
 
@@ -143,9 +153,12 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
         n_sel = n_app = d
     else:
         yield Compute("select", d)
-        sel: Sparse = topk(acc, spec.k)
+        if spec.name == "randk":
+            sel: Sparse = randk(acc, spec.k, np.random.default_rng([spec.seed, rank, iteration, RANDK_STREAM]))
+        else:
+            sel = topk(acc, spec.k)
         new_res = acc.copy()
-        if spec.name == "topk":
+        if spec.name in ("topk", "randk"):
             g = yield from C.topk_allgather_sum(rank, P, sel, vb, ib)
             new_res[sel.idx] = 0.0
             n_sel = n_app = len(sel)

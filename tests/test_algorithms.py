@@ -251,3 +251,51 @@ def test_backend_allreduce_is_rejected_by_the_simulated_drivers():
     for driver in ("lockstep", "simpy"):
         with pytest.raises(SparsimError, match="backend_allreduce runs only on the torch backend"):
             run_algorithm(spec, w, T=1, lr=lambda t: 0.1, x0=obj.x0(0), driver=driver, network=PRESETS["1GbE"])
+
+
+# ---------------------------------------------------------------- rand-k (Mem-SGD's random sparsifier)
+
+
+@settings(deadline=None)
+@given(accumulators(), st.integers(0, 3))
+def test_randk_conserves_mass(case, seed):
+    """Rand-k with error feedback: sum_p acc_p = g + sum_p eps_p; each entry is either sent or kept."""
+    P, d, k, acc = case
+    outs = _one_step(AlgorithmSpec("randk", k=k, seed=seed), acc)
+    g = outs[0].update
+    for o in outs:
+        assert np.array_equal(o.update, g)
+        assert o.n_selected <= k
+    lhs = acc.sum(axis=0)
+    rhs = g + np.sum([o.residual for o in outs], axis=0)
+    assert np.all(np.abs(lhs - rhs) <= 1e-14 * (np.abs(acc).sum(axis=0) + 1e-300))
+    for o, a in zip(outs, acc):
+        assert np.all((o.residual == a) | (o.residual == 0))
+        assert np.count_nonzero(o.residual != a) <= k
+
+
+def test_randk_is_deterministic_for_a_seed_and_varies_with_it():
+    obj, w = _workers(2)
+    run = lambda s: run_algorithm(AlgorithmSpec("randk", k=5, seed=s), w, T=15, lr=lambda t: 0.5, x0=obj.x0(0),
+                                  driver="lockstep")
+    a, b, c = run(3), run(3), run(4)
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert [r["residual_norm_sq"] for r in a] == [r["residual_norm_sq"] for r in b]
+    assert [r["residual_norm_sq"] for r in a] != [r["residual_norm_sq"] for r in c]
+    assert max(r["mass_error"] for r in a) < 1e-12 and max(r["aux_gap"] for r in a) < 1e-12
+
+
+def test_randk_selects_uniformly_not_by_magnitude():
+    """Over many iterations every coordinate is drawn about k/d of the time, large or small."""
+    d, k = 10, 2
+    acc = np.array([[100.0] + [1.0] * (d - 1)])
+    hits = np.zeros(d)
+    for t in range(1, 2001):
+        progs = [sgd_step(AlgorithmSpec("randk", k=k, seed=1), 0, 1, np.zeros(d), np.zeros(d), lambda v: acc[0], 1, 1.0, t)]
+        hits += run_lockstep(progs)[0].update != 0
+    assert np.all(np.abs(hits / 2000 - k / d) < 0.05)
+
+
+def test_randk_seed_must_be_non_negative():
+    with pytest.raises(Exception, match="seed"):
+        AlgorithmSpec("randk", k=1, seed=-1)

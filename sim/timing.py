@@ -1,0 +1,161 @@
+"""Timing-only mode: simulated S-SGD iteration times from message sizes, without the data.
+
+At d = 61M parameters and P = 128 workers the real numerics (P dense float arrays of d values, P
+accumulators, P dense sums) do not fit in memory, yet the simulated time of an iteration depends only
+on the sizes of the messages and on the compute work. This module runs the *unchanged* collectives of
+:mod:`sim.collectives` on payloads that have the right sizes but (almost) no data:
+
+- dense: :func:`phantom_dense` returns a float32 array of shape ``(d, 0)``. It holds no bytes, yet
+  ``shape[0] == d`` and every operation :func:`sim.collectives.ring_allreduce` and
+  :func:`~sim.collectives.rd_allreduce` perform on it -- ``np.array(x, copy=True)``, slicing along
+  axis 0, ``.copy()``, ``+`` and slice assignment -- works and keeps the length bookkeeping exact,
+  so the messages carry ``rows * value_bytes`` bytes exactly as with a real (d,) array. No line of the
+  collectives changed.
+- sparse: :func:`random_selection` returns a real :class:`~sim.compression.Sparse` of k distinct random
+  indices in [0, d) with random positive values, so the gTop-k merges and survival masks run for real
+  (k <= 61,000 per rank here; each merge sees k + k entries of one sign and keeps exactly k, as with real
+  gradients). Top-k runs the same Bruck allgather :func:`sim.collectives.topk_allgather_sum` runs, and
+  yields the same ``reduce`` operation, but skips its local dense sum (P float arrays of d values; it is
+  numerics only, costed by that ``reduce`` operation).
+
+:func:`timing_program` mirrors :func:`sim.algorithms.sgd_step` operation for operation
+(``forward_backward``, ``select`` for sparse algorithms, the collective, ``update``);
+``tests/test_timing.py`` checks that its simulated time equals the real ``sgd_step``'s at small d and
+that its collective time equals the closed forms of :mod:`sim.costs`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import collectives as C
+from .algorithms import AlgorithmSpec
+from .cluster import SimCluster
+from .compression import Sparse
+from .compute import ComputeModel
+from .costs import collective_time
+from .errors import SparsimError, check_range
+from .network import NetworkSpec
+from .ops import Compute
+
+__all__ = ["phantom_dense", "random_selection", "timing_program", "TimingResult",
+           "simulate_timing", "closed_form_comm_s"]
+
+
+def phantom_dense(d: int) -> np.ndarray:
+    """A dense payload of d float32 values without the values: an empty float32 array of shape (d, 0).
+
+    ``len(x) == x.shape[0] == d``, ``x.nbytes == 0``. Slices, copies and sums keep shape (rows, 0), so
+    :func:`sim.collectives.ring_allreduce` / ``rd_allreduce`` run on it unchanged and put
+    ``rows * value_bytes`` bytes on the wire per message. Raises SparsimError for d < 1.
+    """
+    check_range("d", d, 1)
+    return np.empty((int(d), 0), dtype=np.float32)
+
+
+def random_selection(k: int, d: int, rng: np.random.Generator) -> Sparse:
+    """k distinct random indices in [0, d) with random values in [0.5, 1.5): a stand-in for TopK(acc_p).
+
+    Returns a :class:`Sparse` (idx int64 (k,) strictly increasing, val float64 (k,), dimension d); memory
+    O(k) whatever d. All values are positive, so no merge cancels an entry: a merge of two k-entry
+    vectors keeps exactly k. Raises SparsimError unless 1 <= k <= d.
+    """
+    check_range("d", d, 1)
+    check_range("k", k, 1, d)
+    idx = np.sort(rng.choice(int(d), size=int(k), replace=False)).astype(np.int64)
+    val = rng.uniform(0.5, 1.5, size=int(k))
+    return Sparse(idx, val, int(d))
+
+
+def timing_program(spec: AlgorithmSpec, rank: int, P: int, d: int, batch_size: int, payload):
+    """One S-SGD iteration of worker ``rank`` in timing-only mode (a sans-I/O program, :mod:`sim.ops`).
+
+    Yields the operations of :func:`sim.algorithms.sgd_step` in the same order: ``forward_backward``
+    (``batch_size`` samples), for sparse algorithms ``select`` over d elements, the collective of
+    ``spec`` (dense ``ring`` / ``recursive_doubling``, Top-k ``allgather``, gTop-k ``tree`` /
+    ``recursive_doubling`` with its mask rule and element bytes; Top-k: the Bruck allgather and the
+    ``reduce`` op of ``topk_allgather_sum`` without its dense sum), then ``update`` of d parameters.
+    payload: :func:`phantom_dense` (d) for dense, this rank's :func:`random_selection` otherwise.
+    Returns the collective's result (its numbers are meaningless; only the time counts).
+    """
+    yield Compute("forward_backward", batch_size)
+    vb, ib = spec.value_bytes, spec.index_bytes
+    if spec.name == "dense":
+        if spec.collective == "ring":
+            out = yield from C.ring_allreduce(rank, P, payload, vb)
+        elif spec.collective == "recursive_doubling":
+            out = yield from C.rd_allreduce(rank, P, payload, vb)
+        else:
+            raise SparsimError(f"collective = {spec.collective!r} has no timing-only mode: valid ring, recursive_doubling")
+    else:
+        yield Compute("select", d)
+        if spec.name == "topk":
+            # topk_allgather_sum's messages and its reduce op, without its dense sum (numerics only)
+            out = yield from C.bruck_allgather(rank, P, payload, lambda s_: s_.nbytes(vb, ib))
+            yield Compute("reduce", sum(len(b) for b in out))
+        else:
+            coll = C.gtopk_tree if spec.collective == "tree" else C.gtopk_rd
+            out = yield from coll(rank, P, payload, spec.k, exact=spec.mask == "exact", value_bytes=vb, index_bytes=ib)
+    yield Compute("update", d)
+    return out
+
+
+@dataclass(frozen=True)
+class TimingResult:
+    """Simulated times of one configuration, seconds per iteration.
+
+    iter_s: synchronous iteration time (start to the last rank's finish), float array (iterations,).
+    compute_s, compress_s, comm_s: per-iteration seconds on rank 0 in the cluster's three categories
+    (``comm`` is time blocked in messages, which on rank 0 -- the root of the gTop-k tree and a ring
+    member -- equals the critical-path communication). messages, bytes: totals over all ranks per iteration.
+    """
+
+    iter_s: np.ndarray
+    compute_s: float
+    compress_s: float
+    comm_s: float
+    messages: int
+    bytes: int
+
+
+def simulate_timing(spec: AlgorithmSpec, P: int, d: int, *, network: NetworkSpec, compute: ComputeModel | None = None,
+                    batch_size: int = 1, iterations: int = 1, seed: int = 0) -> TimingResult:
+    """Simulate ``iterations`` timing-only iterations of ``spec`` on P ranks with d parameters.
+
+    Each iteration is one :meth:`SimCluster.run_programs` call (all ranks start together, as in
+    synchronous S-SGD). Memory: O(P k) for sparse algorithms, O(1) per rank for dense, whatever d.
+    Message-level cost: dense ring makes 2P(P-1) messages per iteration (about 2 s of wall time at
+    P = 128). Raises SparsimError for P < 1, d < 1, k out of [1, d] or iterations < 1.
+    """
+    check_range("P", P, 1)
+    check_range("d", d, 1)
+    check_range("iterations", iterations, 1)
+    spec.check_dim(d)
+    cl = SimCluster(P, network, compute)
+    rng = np.random.default_rng(seed)
+    if spec.name == "dense":
+        payload = phantom_dense(d)
+        payloads = [payload] * P
+    elif spec.name == "topk":  # the allgather moves each rank's k entries whatever they are: one selection
+        payloads = [random_selection(spec.k, d, rng)] * P
+    else:  # gTop-k: one selection per rank, so every merge and survival mask does real work
+        payloads = [random_selection(spec.k, d, rng) for _ in range(P)]
+    times = []
+    for it in range(iterations):
+        t0 = cl.env.now
+        _, finish = cl.run_programs([timing_program(spec, r, P, d, batch_size, payloads[r]) for r in range(P)],
+                                    iteration=it + 1)
+        times.append(float(finish.max()) - t0)
+    b0 = cl.busy[0] / iterations
+    return TimingResult(np.asarray(times), float(b0[0]), float(b0[1]), float(b0[2]),
+                        int(cl.net.messages_sent.sum()) // iterations, int(cl.net.bytes_sent.sum()) // iterations)
+
+
+def closed_form_comm_s(spec: AlgorithmSpec, P: int, d: int, alpha: float, beta: float) -> float:
+    """The :mod:`sim.costs` closed form (s) of ``spec``'s collective on P ranks (alpha s, beta s/byte)."""
+    name = {"dense": spec.collective, "topk": "allgather"}.get(spec.name)
+    if name is None:
+        name = "gtopk_tree" if spec.collective == "tree" else "gtopk_rd"
+    return collective_time(name, P, d, spec.k or 1, alpha, beta, spec.value_bytes, spec.index_bytes,
+                           exact=spec.mask == "exact")

@@ -1,0 +1,51 @@
+"""experiments.sweep.map_jobs: input order, inline/process/Dask paths, clear errors."""
+import builtins
+
+import pytest
+
+from experiments.sweep import map_jobs, resolve_jobs
+from sim.errors import ConfigError, SparsimError
+
+
+def _slow_square(x, delay):
+    import time
+
+    time.sleep(delay)
+    return x * x
+
+
+ARGS = [(i, 0.05 * (5 - i)) for i in range(6)]  # later jobs finish first
+WANT = [i * i for i in range(6)]
+
+
+def test_inline_and_processes_keep_input_order():
+    assert map_jobs(_slow_square, ARGS, jobs=1, progress=False) == WANT
+    assert map_jobs(_slow_square, ARGS, jobs=3, progress=False) == WANT
+    assert map_jobs(_slow_square, ARGS, progress=False) == WANT  # default: os.cpu_count() processes
+    assert map_jobs(_slow_square, [], jobs=2, progress=False) == []
+
+
+def test_bad_jobs_is_a_config_error():
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ConfigError, match="--jobs"):
+            map_jobs(_slow_square, ARGS, jobs=bad, progress=False)
+    assert resolve_jobs(4) == 4 and resolve_jobs(None) >= 1
+
+
+def test_missing_dask_is_one_clear_error(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_dask(name, *a, **kw):
+        if name == "dask" or name.startswith("dask."):
+            raise ImportError(name)
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_dask)
+    with pytest.raises(SparsimError, match=r"pip install 'sparsim\[experiments\]'"):
+        map_jobs(_slow_square, ARGS, scheduler="tcp://127.0.0.1:1", progress=False)
+
+
+def test_dask_scheduler_address():
+    distributed = pytest.importorskip("dask.distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cl:
+        assert map_jobs(_slow_square, ARGS, scheduler=cl.scheduler_address, progress=False) == WANT

@@ -1,0 +1,106 @@
+"""Timing-only mode (sim.timing): collective times equal the closed forms; equal to real-data runs at small d."""
+import numpy as np
+import pytest
+
+from sim import costs
+from sim.algorithms import AlgorithmSpec, sgd_step
+from sim.cluster import SimCluster
+from sim.collectives import ring_allreduce
+from sim.compute import ComputeModel
+from sim.errors import SparsimError
+from sim.network import PRESETS, NetworkSpec
+from sim.timing import closed_form_comm_s, phantom_dense, random_selection, simulate_timing
+
+NET = PRESETS["1GbE"]
+ALPHA, BETA = NET.end_to_end_alpha_beta()
+PS = list(range(1, 10)) + [16, 32]
+
+
+def _specs(k):
+    return [AlgorithmSpec("dense", collective="ring"), AlgorithmSpec("dense", collective="recursive_doubling"),
+            AlgorithmSpec("topk", k=k), AlgorithmSpec("gtopk", k=k, collective="tree"),
+            AlgorithmSpec("gtopk", k=k, collective="tree", mask="reference", value_bytes=8, index_bytes=8),
+            AlgorithmSpec("gtopk", k=k, collective="recursive_doubling")]
+
+
+@pytest.mark.parametrize("P", PS)
+def test_timing_only_collective_equals_closed_form(P):
+    d, k = 10_007, 37  # d not divisible by P: the ring is paced by the largest chunk
+    for spec in _specs(k):
+        t = simulate_timing(spec, P, d, network=NET).iter_s[0]  # zero compute: the collective alone
+        assert t == pytest.approx(closed_form_comm_s(spec, P, d, ALPHA, BETA), rel=1e-12, abs=1e-15), spec
+    # and the named closed forms of sim.costs for the three ICDCS algorithms
+    assert simulate_timing(_specs(k)[0], P, d, network=NET).iter_s[0] == pytest.approx(
+        costs.ring_allreduce_time(P, d, ALPHA, BETA), rel=1e-12, abs=1e-15)
+    assert simulate_timing(_specs(k)[2], P, d, network=NET).iter_s[0] == pytest.approx(
+        costs.topk_allgather_time(P, k, ALPHA, BETA), rel=1e-12, abs=1e-15)
+    assert simulate_timing(_specs(k)[3], P, d, network=NET).iter_s[0] == pytest.approx(
+        costs.gtopk_tree_time(P, k, ALPHA, BETA), rel=1e-12, abs=1e-15)
+
+
+def test_full_size_models_without_memory():
+    """AlexNet's d = 61M: the phantom holds no bytes, the ring still moves 4 bytes per value."""
+    d = 61_000_000
+    x = phantom_dense(d)
+    assert x.shape[0] == d and x.nbytes == 0
+    for P in (4, 32):
+        t = simulate_timing(AlgorithmSpec("dense"), P, d, network=NET).iter_s[0]
+        assert t == pytest.approx(costs.ring_allreduce_time(P, d, ALPHA, BETA), rel=1e-12)
+        assert t == pytest.approx(2 * (P - 1) * ALPHA + 2 * 4 * d * (P - 1) / P * BETA, rel=1e-12)
+    t = simulate_timing(AlgorithmSpec("gtopk", k=61_000), 8, d, network=NET).iter_s[0]
+    assert t == pytest.approx(costs.gtopk_tree_time(8, 61_000, ALPHA, BETA), rel=1e-12)
+
+
+def test_phantom_runs_ring_allreduce_unchanged():
+    P, d = 5, 23
+    cl = SimCluster(P, NET)
+    res, _ = cl.run_programs([ring_allreduce(r, P, phantom_dense(d)) for r in range(P)])
+    assert all(r.shape == (d, 0) for r in res)
+    assert int(cl.net.bytes_sent.sum()) == 2 * (P - 1) * d * 4  # every value crosses 2(P-1)/P links, P ranks
+
+
+def test_random_selection():
+    s = random_selection(50, 1000, np.random.default_rng(0))
+    assert len(s) == 50 and s.d == 1000 and np.all(np.diff(s.idx) > 0) and np.all(s.val > 0)
+    with pytest.raises(SparsimError):
+        random_selection(0, 10, np.random.default_rng(0))
+    with pytest.raises(SparsimError):
+        phantom_dense(0)
+
+
+CM = ComputeModel(forward_backward_s=0.013, select_coeff_s=2.19e-10, merge_coeff_s=3e-9, reduce_coeff_s=2e-9,
+                  update_coeff_s=1e-9)
+
+
+def _real_time(spec, P, d, iterations=2):
+    """Simulated iteration times of the real sgd_step (real gradients, accumulators and selections)."""
+    cl = SimCluster(P, NET, CM)
+    v = np.zeros(d)
+    res = [np.zeros(d) for _ in range(P)]
+    times = []
+    for it in range(1, iterations + 1):
+        grads = [np.random.default_rng([7, r, it]).standard_normal(d) for r in range(P)]
+        t0 = cl.env.now
+        outs, fin = cl.run_programs([sgd_step(spec, r, P, v, res[r], (lambda g: lambda _v: g)(grads[r]), 8, 0.1, it)
+                                     for r in range(P)], iteration=it)
+        times.append(float(fin.max()) - t0)
+        v, res = outs[0].v, [o.residual for o in outs]
+    return np.array(times)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 4, 6, 8])
+def test_timing_only_equals_real_data_run(P):
+    """Same compute model, same d: timing-only and the real S-SGD step give the same simulated time."""
+    d, k = 3000, 30
+    for spec in _specs(k):
+        real = _real_time(spec, P, d)
+        timing = simulate_timing(spec, P, d, network=NET, compute=CM, batch_size=8, iterations=2).iter_s
+        np.testing.assert_allclose(timing, real, rtol=1e-12, atol=1e-15, err_msg=spec.label)
+
+
+def test_iterations_are_identical_and_categories_add_up():
+    spec = AlgorithmSpec("gtopk", k=100)
+    r = simulate_timing(spec, 8, 100_000, network=NET, compute=CM, iterations=3)
+    assert np.ptp(r.iter_s) < 1e-12
+    # rank 0 (the tree's root) is on the critical path: compute + compress + comm = the iteration
+    assert r.compute_s + r.compress_s + r.comm_s == pytest.approx(r.iter_s[0], rel=1e-12)
