@@ -22,10 +22,11 @@ def check_range(name: str, value, lo=None, hi=None, *, lo_open: bool = False, hi
     """Raise :class:`SparsimError` unless ``lo <(=) value <(=) hi``; returns ``value``.
 
     The message names the value and the valid range, e.g. ``k = 0 is out of range: valid 1 <= k <= 100``.
+    NaN and +-inf are always out of range (every quantity of this project is finite), as are bools.
     """
-    ok = True
+    ok = not isinstance(value, bool)
     try:
-        if value != value:  # NaN
+        if value != value or value in (float("inf"), float("-inf")):  # NaN, inf
             ok = False
         if lo is not None and (value <= lo if lo_open else value < lo):
             ok = False

@@ -19,7 +19,7 @@ from .cluster import SimCluster
 from .compute import ComputeModel
 from .data import minibatch
 from .drivers import run_lockstep
-from .errors import check_range
+from .errors import NonFiniteError, check_range
 from .network import NetworkSpec
 
 __all__ = ["METRIC_COLUMNS", "Workers", "run_algorithm", "StepStats", "step_stats", "MetricsRecorder"]
@@ -157,7 +157,8 @@ class MetricsRecorder:
             self._prev_busy, self._prev_bytes = np.zeros((P, 3)), np.zeros(P)
         if self.on_step is not None:
             self.on_step(t, outs)
-        st = step_stats(spec, outs)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below as divergence
+            st = step_stats(spec, outs)
         self.x_aux = self.x_aux - lr(t) * st.mean_grad
         v = outs[0].v
         eps = st.mean_residual
@@ -166,8 +167,15 @@ class MetricsRecorder:
             with np.errstate(over="ignore", invalid="ignore"):
                 gf = obj.full_grad(v)
                 loss, gn = obj.loss(v), float(gf @ gf)
+            diverged = not (math.isfinite(loss) and math.isfinite(gn))
         else:
             loss = gn = math.nan
+            diverged = False
+        if diverged or not (math.isfinite(st.residual_norm_sq) and math.isfinite(st.stoch_grad_norm_sq)):
+            raise NonFiniteError(
+                f"the run diverged at iteration {t} of {spec.label}: loss = {loss}, ||grad f||^2 = {gn}, "
+                f"||residual||^2 = {st.residual_norm_sq}, ||G_t||^2 = {st.stoch_grad_norm_sq} (valid: finite); "
+                "lower training.lr")
         dbusy = (busy - self._prev_busy).mean(axis=0)
         dbytes = float((bytes_sent - self._prev_bytes).mean())
         row = _row(spec, t, lr(t), now, now - self._prev_time, dbusy, loss, gn, st, dbytes, aux_gap)

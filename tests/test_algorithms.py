@@ -299,3 +299,22 @@ def test_randk_selects_uniformly_not_by_magnitude():
 def test_randk_seed_must_be_non_negative():
     with pytest.raises(Exception, match="seed"):
         AlgorithmSpec("randk", k=1, seed=-1)
+
+
+def test_nan_gradient_names_worker_and_iteration():
+    from sim.errors import NonFiniteError
+
+    class NaNAtWorker2Iter3:
+        objective = make_objective("sines", d=20, n=64, seed=0)
+        shards = shard_indices(64, 4, seed=0)
+        b = 2
+
+        def grad_fn(self, rank, t):
+            g = self.objective.batch_grad
+            return (lambda v: np.full(20, np.nan)) if (rank, t) == (2, 3) else (lambda v: g(v, np.arange(2)))
+
+    w = NaNAtWorker2Iter3()
+    for driver in ("lockstep", "simpy"):
+        with pytest.raises(NonFiniteError, match="gradient of worker 2 at iteration 3 is not finite"):
+            run_algorithm(AlgorithmSpec("gtopk", k=3), w, T=5, lr=lambda t: 0.01, x0=w.objective.x0(0),
+                          driver=driver, network=PRESETS["1GbE"])
