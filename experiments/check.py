@@ -128,12 +128,16 @@ def check_run(run_dir, *, write: bool = True) -> CheckReport:
     sp = run_dir / "summary.json"
     if not sp.is_file():
         raise ConfigError(f"{str(run_dir)!r} is not a finished run directory: summary.json is missing")
-    summary = json.loads(sp.read_text())
-    res = summary["resolved"]
-    d, k, B = int(res["d"]), int(res["k"]), int(res["global_batch_B"])
-    by_alg = read_metrics(run_dir)
-    first = next(iter(by_alg.values()))
-    consts = _constants(summary, first[0])
+    try:
+        summary = json.loads(sp.read_text())
+        res = summary["resolved"]
+        d, k, B = int(res["d"]), int(res["k"]), int(res["global_batch_B"])
+        by_alg = read_metrics(run_dir)
+        first = next(iter(by_alg.values()))
+        consts = _constants(summary, first[0])
+    except (ValueError, KeyError, TypeError, StopIteration, IndexError) as err:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"{str(run_dir)!r} is not a readable finished run directory: summary.json or metrics.csv "
+                          f"is damaged ({type(err).__name__}: {err})") from None
     report = CheckReport(str(run_dir), consts)
     L, M, F = (consts[x]["value"] for x in ("L", "M", "f0_minus_fstar"))
     gamma = 1.0 - k / d

@@ -6,6 +6,7 @@ line ``error: ...`` on stderr with exit code 2; no traceback.
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 
 import click
@@ -31,6 +32,8 @@ def _user_errors(fn):
 @click.version_option(package_name="sparsim")
 def main():
     """sparsim: simulate dense, Top-k and gTop-k S-SGD on a P-worker cluster; check the papers' bounds."""
+    # SIGTERM (e.g. from `timeout` or a batch system) unwinds like Ctrl-C, so no DIR.partial is left behind
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 @main.command()
@@ -60,7 +63,7 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, n
     from .scenario import load_scenario
 
     ov = list(overrides)
-    if algorithms:
+    if algorithms is not None:
         ov.append(f"algorithms={algorithms}")
     if nproc is not None:
         if backend != "torch":
@@ -132,15 +135,23 @@ def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, force):
 
     from .calibrate import calibrate as run_calibration
 
-    check_range("--nproc", nproc, 2)
+    check_range("--nproc", nproc, 2, 64)
     check_range("--min-bytes", min_bytes, 1)
-    check_range("--max-bytes", max_bytes, min_bytes + 1)
-    check_range("--repeats", repeats, 1)
+    check_range("--max-bytes", max_bytes, min_bytes + 1, 1 << 30)
+    check_range("--repeats", repeats, 1, 10_000)
+    check_range("--timeout", timeout_s, 0, 86_400, lo_open=True)
     p = Path(out)
+    if p.is_dir():
+        raise SparsimError(f"--out {str(p)!r} is a directory: name the TOML file to write")
     if p.exists() and not force:
         raise SparsimError(f"{str(p)!r} exists: choose another --out or pass --force")
+    if not p.parent.is_dir():  # checked before the measurement, not after it
+        raise SparsimError(f"--out {str(p)!r}: the directory {str(p.parent)!r} does not exist")
     text, fit = run_calibration(nproc, min_bytes, max_bytes, repeats, timeout_s)
-    p.write_text(text)
+    try:
+        p.write_text(text)
+    except OSError as err:
+        raise SparsimError(f"cannot write {str(p)!r}: {err.strerror}") from None
     click.echo(text, nl=False)
     click.echo(f"wrote {p}")
 
@@ -163,9 +174,10 @@ def scenario_keys_cmd():
     """Print every scenario key with type, default and meaning (Markdown table)."""
     from .scenario import scenario_keys
 
-    click.echo("| key | type | default | meaning (unit) |\n|---|---|---|---|")
-    for key, typ, default, desc in scenario_keys():
-        click.echo(f"| `{key}` | {typ} | `{default}` | {desc} |")
+    click.echo("| key | type | default | valid | meaning (unit) |\n|---|---|---|---|---|")
+    for key, typ, default, valid, desc in scenario_keys():
+        shown = "unset" if default is None else f"`{default:g}`" if isinstance(default, float) else f"`{default}`"
+        click.echo(f"| `{key}` | {typ} | {shown} | {valid} | {desc} |")
 
 
 @main.command()

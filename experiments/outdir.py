@@ -16,23 +16,44 @@ from typing import Sequence
 
 from sim.errors import ConfigError
 
-__all__ = ["check_out", "partial_dir", "publish", "write_csv", "csv_cell", "save_figure"]
+__all__ = ["MARKER", "check_out", "partial_dir", "publish", "write_csv", "csv_cell", "save_figure"]
+
+
+#: Written into every directory this project publishes; ``--force`` replaces only such directories.
+MARKER = ".sparsim-output"
 
 
 def check_out(out: Path, force: bool) -> None:
-    """Raise ConfigError if ``out`` exists and is a file or a non-empty directory, unless ``force``."""
+    """Check that ``out`` may be written: it does not exist, is an empty directory, or ``force`` is given
+    and it is a directory this project wrote (it holds :data:`MARKER`). Raises ConfigError otherwise,
+    and for an empty path or one whose parent cannot be created."""
+    if str(out).strip() in ("", ".", ".."):
+        raise ConfigError(f"--out {str(out)!r} is not a usable output directory: name a new directory")
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise ConfigError(f"output directory {str(out)!r} exists and is not empty: choose another --out or pass --force")
+    if out.exists():
+        if not out.is_dir():
+            raise ConfigError(f"--out {str(out)!r} is an existing file: choose a directory path")
+        if any(out.iterdir()):
+            if not force:
+                raise ConfigError(f"output directory {str(out)!r} exists and is not empty: choose another --out "
+                                  "or pass --force")
+            if not (out / MARKER).exists():
+                raise ConfigError(f"output directory {str(out)!r} was not written by sparsim: --force replaces "
+                                  "only sparsim's own output directories; choose another --out")
 
 
 def partial_dir(out: Path, *, fresh: bool = True) -> Path:
-    """Create and return ``out.partial`` (emptied first when ``fresh``; kept to resume otherwise)."""
+    """Create and return ``out.partial`` holding :data:`MARKER` (emptied first when ``fresh``; kept to resume
+    otherwise). Raises ConfigError naming the path when it cannot be created (permissions, read-only)."""
     out = Path(out)
     tmp = out.with_name(out.name + ".partial")
-    if fresh and tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        if fresh and tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / MARKER).write_text("written by sparsim; --force may replace this directory\n")
+    except OSError as err:
+        raise ConfigError(f"cannot create the output directory {str(tmp)!r}: {err.strerror}") from None
     return tmp
 
 

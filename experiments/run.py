@@ -36,6 +36,10 @@ from .scenario import Scenario
 __all__ = ["build", "run_scenario", "write_metrics", "write_run_directory", "Built"]
 
 REAL_OBJECTIVES = ("logistic", "softmax")
+#: Largest model the simulator builds (parameters; every worker holds several float64 copies), the same
+#: cap as the synthetic objectives' data.d, and the largest dense data matrix it generates (elements).
+MAX_PARAMETERS = 10_000_000
+MAX_DENSE_ELEMENTS = 250_000_000
 
 
 class Built:
@@ -50,7 +54,15 @@ class Built:
             kw = {"path": data.path} if data.dataset == "libsvm" else {}
             if data.dataset == "synthetic_epsilon":
                 kw = {"n": data.n, "seed": sc.seed}
+            if data.dataset == "synthetic_epsilon" and data.n * 2000 > MAX_DENSE_ELEMENTS:
+                raise ConfigError(f"data.n = {data.n} is out of range for synthetic_epsilon (n x 2000 dense floats): "
+                                  f"valid 1 <= n <= {MAX_DENSE_ELEMENTS // 2000}")
             ds = load_dataset(data.dataset, **kw)
+            d = ds.d * (ds.n_classes if data.objective == "softmax" else 1)
+            if d > MAX_PARAMETERS:
+                raise ConfigError(f"the model would have d = {d} parameters ({ds.d} features from {ds.name}"
+                                  f"{f' x {ds.n_classes} classes' if data.objective == 'softmax' else ''}): "
+                                  f"valid d <= {MAX_PARAMETERS}")
             self.objective = make_objective(data.objective, dataset=ds, lam=data.lam, mu=data.mu)
             labels = ds.y
         else:
@@ -84,8 +96,9 @@ class Built:
         for name in sc.algorithms:
             if name == "dense":
                 self.specs.append(AlgorithmSpec("dense", collective=c.dense_collective, value_bytes=c.value_bytes))
-            elif name == "topk":
-                self.specs.append(AlgorithmSpec("topk", k=self.k, value_bytes=c.value_bytes, index_bytes=c.index_bytes))
+            elif name in ("topk", "randk"):
+                self.specs.append(AlgorithmSpec(name, k=self.k, value_bytes=c.value_bytes, index_bytes=c.index_bytes,
+                                                seed=sc.seed))
             else:
                 mask = "reference" if name == "gtopk_reference" else c.gtopk_mask
                 self.specs.append(AlgorithmSpec("gtopk", k=self.k, collective=c.gtopk_collective, mask=mask,
@@ -174,7 +187,7 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
     built = build(sc)
     if backend == "torch":
         _check_torch()
-        check_range("timeout_s", timeout_s, 0, lo_open=True)
+        check_range("timeout_s", timeout_s, 0, 604_800, lo_open=True)  # at most a week
         if dist_backend not in ("gloo", "nccl", "auto"):
             raise ConfigError(f"dist backend = {dist_backend!r} is unknown: valid gloo, nccl, auto")
         if dist_backend == "nccl":

@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sim.errors import ConfigError
 
@@ -19,7 +19,16 @@ __all__ = ["Scenario", "load_scenario", "apply_overrides", "DEFAULT_SCENARIO_TEX
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # no unknown keys, no inf/nan, and no silent bool -> int/float coercion (P = true is an error, not P = 1)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bools(cls, v, info):
+        ann = cls.model_fields[info.field_name].annotation
+        if isinstance(v, bool) and ann in (int, float, int | None):
+            raise ValueError(f"expected a number, got the boolean {v}")
+        return v
 
 
 class ClusterCfg(_Strict):
@@ -57,7 +66,7 @@ class DataCfg(_Strict):
     lam: float = Field(1e-3, ge=0, description="weight of the non-convex regulariser sum x^2/(1+x^2)")
     mu: float = Field(0.0, ge=0, description="weight of the convex l2 term mu/2 ||x||^2")
     d: int = Field(10_000, ge=10, le=10_000_000, description="synthetic objectives: dimension")
-    n: int = Field(1024, ge=1, description="synthetic objectives / synthetic_epsilon: samples")
+    n: int = Field(1024, ge=1, le=10_000_000, description="synthetic objectives / synthetic_epsilon: samples")
 
 
 class TrainingCfg(_Strict):
@@ -90,13 +99,21 @@ class Scenario(_Strict):
 
     name: str = Field("scenario", description="label used in outputs")
     seed: int = Field(0, ge=0, description="seed of data sharding, mini-batches, jitter and initial point")
-    algorithms: list[Literal["dense", "topk", "gtopk", "gtopk_reference"]] = Field(
+    algorithms: list[Literal["dense", "topk", "gtopk", "gtopk_reference", "randk"]] = Field(
         ["dense", "topk", "gtopk"], min_length=1, description="algorithms compared with identical data and seeds")
     cluster: ClusterCfg = ClusterCfg()
     compute: ComputeCfg = ComputeCfg()
     data: DataCfg = DataCfg()
     training: TrainingCfg = TrainingCfg()
     compression: CompressionCfg = CompressionCfg()
+
+    @field_validator("algorithms")
+    @classmethod
+    def _unique(cls, v):
+        dup = sorted({a for a in v if v.count(a) > 1})
+        if dup:
+            raise ValueError(f"each algorithm at most once; repeated: {', '.join(dup)}")
+        return v
 
     def k_for(self, d: int) -> int:
         """k for dimension d: the explicit k, else round(density * d) clamped to [1, d]."""
@@ -171,7 +188,13 @@ def load_scenario(path: str | None = None, overrides: list[str] | None = None) -
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"scenario file {str(p)!r} does not exist")
-        text, where = p.read_text(), str(p)
+        try:
+            text, where = p.read_text(encoding="utf-8"), str(p)
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"scenario file {str(p)!r} is not UTF-8 text (TOML must be UTF-8): {err.reason} "
+                              f"at byte {err.start}") from None
+        except OSError as err:
+            raise ConfigError(f"scenario file {str(p)!r} cannot be read: {err.strerror}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
@@ -180,8 +203,21 @@ def load_scenario(path: str | None = None, overrides: list[str] | None = None) -
     return _validate(data, where)
 
 
-def scenario_keys() -> list[tuple[str, str, object, str]]:
-    """Every scenario key as (dotted key, type, default, description), for the README table."""
+def _valid_range(name: str, f) -> str:
+    lo = hi = ""
+    for m in f.metadata:
+        for attr, sym, side in (("ge", "<=", "lo"), ("gt", "<", "lo"), ("le", "<=", "hi"), ("lt", "<", "hi")):
+            v = getattr(m, attr, None)
+            if v is not None:
+                if side == "lo":
+                    lo = f"{v:g} {sym} " if isinstance(v, float) else f"{v} {sym} "
+                else:
+                    hi = f" {sym} {v:g}" if isinstance(v, float) else f" {sym} {v:_}"
+    return f"{lo}{name}{hi}" if (lo or hi) else ""
+
+
+def scenario_keys() -> list[tuple[str, str, object, str, str]]:
+    """Every scenario key as (dotted key, type, default, valid range, description), for the README table."""
     rows = []
 
     def walk(model, prefix):
@@ -194,9 +230,12 @@ def scenario_keys() -> list[tuple[str, str, object, str]]:
 
                 if typing.get_origin(ann) is typing.Literal:
                     tname = " / ".join(map(str, typing.get_args(ann)))
+                elif typing.get_origin(ann) is list and typing.get_origin(typing.get_args(ann)[0]) is typing.Literal:
+                    tname = "list of " + " / ".join(map(str, typing.get_args(typing.get_args(ann)[0])))
                 else:
                     tname = str(ann).replace("typing.", "") if typing.get_origin(ann) else getattr(ann, "__name__", str(ann))
-                rows.append((prefix + name, tname, f.default, f.description or ""))
+                tname = tname.replace(" | None", " (optional)").replace("|", "or")
+                rows.append((prefix + name, tname, f.default, _valid_range(name, f), f.description or ""))
 
     walk(Scenario, "")
     return rows

@@ -122,3 +122,30 @@ def test_predict_closed_forms():
     assert float(line32[3]) == pytest.approx(57.980, abs=1e-3)  # allgather: 5 alpha + 31 k 8 beta
     assert float(line32[4]) == pytest.approx(22.501, abs=1e-3)  # gTop-k tree: 2 lg P (alpha + k 8 beta) + mask bytes
     assert float(line32[3]) == pytest.approx(61, rel=0.1) and float(line32[4]) == pytest.approx(23, rel=0.1)
+
+
+def test_force_replaces_only_sparsim_directories(tmp_path):
+    out = tmp_path / "foreign"
+    out.mkdir()
+    (out / "thesis.tex").write_text("precious")
+    r = CliRunner().invoke(main, ["run", "--out", str(out), "--force", *QUICK])
+    assert r.exit_code == 2 and "not written by sparsim" in r.stderr
+    assert (out / "thesis.tex").read_text() == "precious"
+    mine = tmp_path / "mine"
+    assert _run(["run", "--out", str(mine), *QUICK]).exit_code == 0
+    assert _run(["run", "--out", str(mine), "--force", *QUICK]).exit_code == 0
+
+
+@pytest.mark.parametrize("where", ["file", "", "unwritable"])
+def test_unusable_out_is_a_one_line_error(tmp_path, where):
+    if where == "file":
+        out = tmp_path / "f"
+        out.write_text("x")
+    elif where == "unwritable":
+        (tmp_path / "blocker").write_text("x")
+        out = tmp_path / "blocker" / "sub" / "run"  # a parent that is a file cannot be created
+    else:
+        out = ""
+    r = CliRunner().invoke(main, ["run", "--out", str(out), "--force", *QUICK])
+    assert r.exit_code == 2, r.output
+    assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1 and r.stderr.startswith("error: ")
