@@ -242,7 +242,7 @@ def _check_torch():
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise ConfigError("--backend torch needs PyTorch: pip install 'sparsim[torch]' (torch==2.13.0)") from None
+        raise ConfigError("--backend torch needs PyTorch: pip install -e '.[torch]' in the clone (torch==2.13.0)") from None
 
 
 def _torch_version():
