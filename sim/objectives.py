@@ -675,7 +675,8 @@ class LogisticObjective(_RegularisedData):
         ds = _dataset_arg(dataset, "logistic")
         if ds.n_classes != 2:
             raise ConfigError(
-                f"data set {ds.name!r} has {ds.n_classes} classes: 'logistic' needs 2; use 'softmax'"
+                f"data set {ds.name!r} has {ds.n_classes} class{'' if ds.n_classes == 1 else 'es'}: 'logistic' needs 2"
+                f"{'; use softmax' if ds.n_classes > 2 else ''}"
             )
         self._setup(ds, lam, mu)
         self.n, self.d = ds.X.shape

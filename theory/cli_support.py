@@ -5,6 +5,8 @@ the CLI prints and turns into exit status 2.
 """
 from __future__ import annotations
 
+import math
+
 import re
 from typing import Iterable, Mapping
 
@@ -113,4 +115,8 @@ def evaluate(name: str, assignments: Mapping[str, str] | Iterable[str]) -> float
         assignments = parse_assignments(assignments)
     b.check_names(assignments)  # before parsing, so an unknown key is named as such
     values = {k: _parse_number(k, str(v)) for k, v in assignments.items()}
-    return b.evaluate(**values)
+    out = b.evaluate(**values)
+    if not math.isfinite(out):
+        raise SparsimError(f"{name} = {out} at these constants: the value overflows a float (valid: finite); "
+                           "use smaller constants")
+    return out
