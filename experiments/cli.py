@@ -295,6 +295,8 @@ def _paper_options(name, quick_help):
             click.option("--quick", is_flag=True, help=quick_help),
             click.option("--force", is_flag=True, help="overwrite a non-empty output directory"),
             click.option("--jobs", type=int, default=None, help="parallel runs (default: all local cores)"),
+            click.option("--scheduler", default=None, metavar="ADDRESS",
+                         help="run on a Dask cluster (e.g. tcp://host:8786); --out must be on a shared file system"),
             click.option("--quiet", is_flag=True, help="no progress bar"),
         ]):
             fn = opt(fn)
@@ -305,11 +307,12 @@ def _paper_options(name, quick_help):
 @experiment.command("delta")
 @_paper_options("delta", "CI size: T = 150 instead of 2000")
 @_user_errors
-def experiment_delta(out, quick, force, jobs, quiet):
+def experiment_delta(out, quick, force, jobs, scheduler, quiet):
     """gTop-k paper Figure 1: delta_t of Top-k and gTop-k at c = 1000, P = 4 (digits: c = 640, its largest)."""
     from .delta import run_delta
 
-    path, _rows, report = run_delta(out, quick=quick, force=force, jobs=jobs, progress=not quiet)
+    path, _rows, report = run_delta(out, quick=quick, force=force, jobs=jobs, scheduler=scheduler,
+                                    progress=not quiet)
     click.echo(f"wrote {path}/ (delta.csv, summary.csv, results.md, delta.png, delta.pdf, runs/)")
     click.echo(report)
 
@@ -317,11 +320,12 @@ def experiment_delta(out, quick, force, jobs, quiet):
 @experiment.command("compression")
 @_paper_options("compression", "CI size: T = 60 instead of 1500")
 @_user_errors
-def experiment_compression(out, quick, force, jobs, quiet):
+def experiment_compression(out, quick, force, jobs, scheduler, quiet):
     """gTop-k paper Figure 2: loss and ||grad f||^2 for dense and c = 1000..20000, with Corollary 2 (both variants)."""
     from .compression import run_compression
 
-    path, _rows, report = run_compression(out, quick=quick, force=force, jobs=jobs, progress=not quiet)
+    path, _rows, report = run_compression(out, quick=quick, force=force, jobs=jobs, scheduler=scheduler,
+                                          progress=not quiet)
     click.echo(f"wrote {path}/ (compression.csv, bounds.csv, results.md, compression.png, compression.pdf, runs/)")
     click.echo(report)
 
@@ -331,11 +335,12 @@ def experiment_compression(out, quick, force, jobs, quiet):
 @click.option("--libsvm", "libsvm", type=click.Path(dir_okay=False), default=None,
               help="also run on this binary LIBSVM-format file")
 @_user_errors
-def experiment_memsgd(out, quick, force, jobs, quiet, libsvm):
+def experiment_memsgd(out, quick, force, jobs, scheduler, quiet, libsvm):
     """Mem-SGD: top-k vs rand-k (with memory) vs SGD on logistic regression, lambda = 1/n, P = 1."""
     from .memsgd import run_memsgd
 
-    path, _rows, report = run_memsgd(out, quick=quick, force=force, jobs=jobs, progress=not quiet, libsvm=libsvm)
+    path, _rows, report = run_memsgd(out, quick=quick, force=force, jobs=jobs, scheduler=scheduler,
+                                     progress=not quiet, libsvm=libsvm)
     click.echo(f"wrote {path}/ (memsgd.csv, summary.csv, fstar.json, results.md, memsgd.png, memsgd.pdf, runs/)")
     click.echo(report)
 

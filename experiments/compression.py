@@ -183,6 +183,7 @@ def markdown(bounds: list[dict]) -> str:
 
 
 def run_compression(out, *, quick: bool = False, force: bool = False, jobs: int | None = None,
+        scheduler: str | None = None,
                     progress: bool = True) -> tuple[Path, list[dict], str]:
     """Run the compression experiment into ``out`` (via ``out.partial``); return (path, bound rows, Markdown).
 
@@ -191,12 +192,12 @@ def run_compression(out, *, quick: bool = False, force: bool = False, jobs: int 
     """
     out = Path(out)
     check_out(out, force)
-    jobs = resolve_jobs(jobs)
+    jobs = resolve_jobs(jobs) if scheduler is None else jobs  # with a Dask scheduler its workers decide
     objs, T = plan(quick)
     tmp = partial_dir(out, fresh=False)
     args = [(o, k, T, str(tmp / "runs" / f"{o.name}_{'dense' if k is None else f'k{k}'}"))
             for o in objs for k in (None, *o.ks)]
-    results = map_jobs(_one_run, args, jobs=jobs, desc="compression", progress=progress)
+    results = map_jobs(_one_run, args, jobs=jobs, scheduler=scheduler, desc="compression", progress=progress)
     curves, bounds = [], []
     B = P_WORKERS * BATCH
     for (o, k, _T, _d), rows in zip(args, results):

@@ -143,6 +143,7 @@ def markdown(summary: list[dict]) -> str:
 
 
 def run_delta(out, *, quick: bool = False, force: bool = False, jobs: int | None = None,
+        scheduler: str | None = None,
               progress: bool = True) -> tuple[Path, list[dict], str]:
     """Run the delta experiment into ``out`` (via ``out.partial``); return (path, summary rows, Markdown report).
 
@@ -151,11 +152,11 @@ def run_delta(out, *, quick: bool = False, force: bool = False, jobs: int | None
     """
     out = Path(out)
     check_out(out, force)
-    jobs = resolve_jobs(jobs)
+    jobs = resolve_jobs(jobs) if scheduler is None else jobs  # with a Dask scheduler its workers decide
     objs, T = plan(quick)
     tmp = partial_dir(out, fresh=False)
     args = [(o, alg, T, str(tmp / "runs" / f"{o.name}_{alg}")) for o in objs for alg in ALGORITHMS]
-    results = map_jobs(_one_run, args, jobs=jobs, desc="delta", progress=progress)
+    results = map_jobs(_one_run, args, jobs=jobs, scheduler=scheduler, desc="delta", progress=progress)
     steps, summary = [], []
     for (o, alg, _T, _d), rows in zip(args, results):
         c = o.d // o.k

@@ -208,7 +208,8 @@ def markdown(summary: list[dict], fstars: dict, notes: list[str]) -> str:
     return "\n".join(lines)
 
 
-def run_memsgd(out, *, quick: bool = False, force: bool = False, jobs: int | None = None, progress: bool = True,
+def run_memsgd(out, *, quick: bool = False, force: bool = False, jobs: int | None = None,
+        scheduler: str | None = None, progress: bool = True,
                libsvm: str | None = None) -> tuple[Path, list[dict], str]:
     """Run the Mem-SGD experiment into ``out`` (via ``out.partial``); return (path, summary rows, Markdown).
 
@@ -218,14 +219,14 @@ def run_memsgd(out, *, quick: bool = False, force: bool = False, jobs: int | Non
     """
     out = Path(out)
     check_out(out, force)
-    jobs = resolve_jobs(jobs)
+    jobs = resolve_jobs(jobs) if scheduler is None else jobs  # with a Dask scheduler its workers decide
     sets, schedules = plan(quick, libsvm)
     tmp = partial_dir(out, fresh=False)
     fjobs = [(ds, str(tmp / "runs" / f"{ds.name}_fstar.json")) for ds in sets]
     args = [(ds, s, alg, k, str(tmp / "runs" / (f"{ds.name}_{s}_{alg}" + ("" if k is None else f"_k{k}"))))
             for ds in sets for s in schedules for alg, k in [("sgd", None)] + [(a, k) for a in ("topk", "randk")
                                                                                 for k in ds.ks]]
-    both = map_jobs(_dispatch, [("f", *a) for a in fjobs] + [("r", *a) for a in args], jobs=jobs, desc="memsgd",
+    both = map_jobs(_dispatch, [("f", *a) for a in fjobs] + [("r", *a) for a in args], jobs=jobs, scheduler=scheduler, desc="memsgd",
                     progress=progress)
     fstars = {ds.name: f for ds, f in zip(sets, both[:len(sets)])}
     results = both[len(sets):]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import csv
 import math
 
+import pytest
+
 from click.testing import CliRunner
 
 from experiments.cli import main
@@ -84,3 +86,16 @@ def test_existing_out_needs_force(tmp_path):
     r = CliRunner().invoke(main, ["experiment", "delta", "--quick", "--quiet", "--jobs", "0", "--out",
                                   str(tmp_path / "e")])
     assert r.exit_code == 2 and "--jobs" in r.output
+
+
+def test_delta_quick_on_a_dask_cluster_equals_local(tmp_path):
+    """--scheduler sends the runs to a Dask cluster; the results are the same as a local run's."""
+    distributed = pytest.importorskip("dask.distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cl:
+        r = CliRunner().invoke(main, ["experiment", "delta", "--quick", "--quiet", "--out", str(tmp_path / "dask"),
+                                      "--scheduler", cl.scheduler_address])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["experiment", "delta", "--quick", "--quiet", "--jobs", "1",
+                                  "--out", str(tmp_path / "local")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "dask" / "delta.csv").read_bytes() == (tmp_path / "local" / "delta.csv").read_bytes()
