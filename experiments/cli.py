@@ -116,18 +116,24 @@ def check(run_dir):
 
 
 @main.command()
-@click.option("--nproc", type=int, default=2, show_default=True, help="local processes (ranks 0 and 1 ping-pong)")
+@click.option("--nproc", type=int, default=2, show_default=True, help="local processes (ranks 0 and 1 do the timing)")
 @click.option("--out", "out", default="calibration.toml", show_default=True, help="TOML file to write")
 @click.option("--min-bytes", type=int, default=1, show_default=True, help="smallest message (bytes)")
 @click.option("--max-bytes", type=int, default=1 << 24, show_default=True, help="largest message (bytes)")
-@click.option("--repeats", type=int, default=20, show_default=True, help="round trips per size (median taken)")
+@click.option("--repeats", type=int, default=20, show_default=True, help="timings per size and pattern (10 % trimmed mean taken)")
 @click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True, help="seconds before a stuck rank fails")
+@click.option("--pattern", type=click.Choice(["exchange", "pingpong"]), default="exchange", show_default=True,
+              help="which fit the preset takes: pairwise exchange (what the collectives do) or ping-pong one-way")
+@click.option("--busy-s", type=float, default=0.0, show_default=True,
+              help="seconds each rank computes before each timed message (a step's compute between its messages)")
 @click.option("--force", is_flag=True, help="overwrite --out")
 @_user_errors
-def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, force):
-    """Measure the torch (gloo, loopback) transport: ping-pong over message sizes, fit alpha and beta.
+def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, pattern, busy_s, force):
+    """Measure the torch (gloo, loopback) transport over message sizes and fit alpha and beta.
 
-    Writes a TOML [cluster] table (network = "custom", alpha_s, bandwidth_Bps) to paste into a scenario.
+    Times a ping-pong and a pairwise exchange, fits t(n) = alpha + n beta to each (both fits and their
+    residuals are in the output) and writes a TOML [cluster] table (network = "custom", alpha_s,
+    bandwidth_Bps) from the --pattern fit, to paste into a scenario.
     """
     from pathlib import Path
 
@@ -140,6 +146,7 @@ def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, force):
     check_range("--max-bytes", max_bytes, min_bytes + 1, 1 << 30)
     check_range("--repeats", repeats, 1, 10_000)
     check_range("--timeout", timeout_s, 0, 86_400, lo_open=True)
+    check_range("--busy-s", busy_s, 0, 10)
     p = Path(out)
     if p.is_dir():
         raise SparsimError(f"--out {str(p)!r} is a directory: name the TOML file to write")
@@ -147,7 +154,7 @@ def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, force):
         raise SparsimError(f"{str(p)!r} exists: choose another --out or pass --force")
     if not p.parent.is_dir():  # checked before the measurement, not after it
         raise SparsimError(f"--out {str(p)!r}: the directory {str(p.parent)!r} does not exist")
-    text, fit = run_calibration(nproc, min_bytes, max_bytes, repeats, timeout_s)
+    text, fit = run_calibration(nproc, min_bytes, max_bytes, repeats, timeout_s, pattern, busy_s)
     try:
         p.write_text(text)
     except OSError as err:

@@ -92,21 +92,35 @@ class SimCluster:
         return ev
 
     # -- program execution ----------------------------------------------------------------------
-    def execute(self, rank: int, program, iteration: int = 0):
+    def execute(self, rank: int, program, iteration: int = 0, replay=None):
         """SimPy process body: run one program for ``rank``; use as ``yield from cluster.execute(...)``.
 
         Returns the program's return value. Compute operations cost
         ``compute.seconds(kind, work, rank, iteration)`` seconds of simulated time.
+
+        replay: optional sequence of ``(category, seconds)`` pairs, one per operation the program
+        yields plus one for the end, as :func:`sim.torch_backend.execute` measures them (``segments=``).
+        Before each operation the rank then spends the measured local time (accounted to that
+        category) and Compute operations cost nothing more: only messages are modelled.
+        Raises SparsimError when the program yields more or fewer operations than the replay holds.
         """
         env = self.env
         busy = self.busy[rank]
         value = None
+        n_op = 0
         while True:
             try:
                 op = program.send(value)
             except StopIteration as stop:
+                if replay is not None:
+                    yield from self._replay_segment(rank, replay, n_op, last=True)
                 return stop.value
             value = None
+            if replay is not None:
+                yield from self._replay_segment(rank, replay, n_op)
+                n_op += 1
+                if isinstance(op, Compute):
+                    continue
             t0 = env.now
             if isinstance(op, Compute):
                 sec = self.compute.seconds(op.kind, op.work, rank, iteration)
@@ -129,9 +143,20 @@ class SimCluster:
                 raise TypeError(f"rank {rank} yielded {op!r}, not a sim.ops operation")
             busy[2] += env.now - t0
 
-    def run_programs(self, programs: list, iteration: int = 0) -> tuple[list, np.ndarray]:
+    def _replay_segment(self, rank, replay, i, last=False):
+        if i >= len(replay) or (last and i != len(replay) - 1):
+            raise SparsimError(f"replay of rank {rank} holds {len(replay)} segments but the program yields "
+                               f"{'more' if i >= len(replay) else 'fewer'} operations: not the same step")
+        cat, sec = replay[i]
+        if sec > 0:
+            yield self.env.timeout(sec)
+        self.busy[rank, cat] += sec
+
+    def run_programs(self, programs: list, iteration: int = 0, *, offsets=None, replays=None) -> tuple[list, np.ndarray]:
         """Run one program per rank from the current time to completion.
 
+        offsets: optional seconds (>= 0) per rank to wait before starting (not accounted to any
+        category); replays: optional per-rank replay sequences (see :meth:`execute`).
         Returns (results by rank, finish time of each rank in seconds as float array (P,)).
         Raises RuntimeError if some rank never finishes (a deadlocked collective).
         """
@@ -141,7 +166,10 @@ class SimCluster:
         finish = np.full(self.P, np.nan)
 
         def body(r):
-            results[r] = yield from self.execute(r, programs[r], iteration)
+            if offsets is not None and offsets[r] > 0:
+                yield self.env.timeout(offsets[r])
+            results[r] = yield from self.execute(r, programs[r], iteration,
+                                                 None if replays is None else replays[r])
             finish[r] = self.env.now
 
         for r in range(self.P):

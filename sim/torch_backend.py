@@ -52,6 +52,7 @@ import numpy as np
 
 from .algorithms import AlgorithmSpec, StepOutput, sgd_step
 from .cluster import CATEGORY_OF_KIND
+from .replay import StepTrace
 from .compression import Sparse
 from .errors import SparsimError, check_range
 from .ops import AllReduce, Compute, Recv, Send, SendRecv
@@ -69,6 +70,7 @@ __all__ = [
     "DistContext",
     "init_from_env",
     "pingpong_job",
+    "PATTERNS",
     "fit_alpha_beta",
 ]
 
@@ -344,14 +346,19 @@ class TorchTransport:
 
 
 def execute(program, transport: TorchTransport | None, busy: np.ndarray, bytes_sent: np.ndarray | None = None,
-            clock: Callable[[], float] = time.perf_counter):
+            clock: Callable[[], float] = time.perf_counter, segments: list | None = None):
     """Run one sans-I/O program on this rank over ``transport``; return the program's return value.
 
     busy: float64 array (3,), cumulative seconds in compute / compress / comm, updated in place (see the
     module docstring for the attribution rule). bytes_sent: optional float/int array (1,), incremented
     by each message's modelled size ``op.nbytes`` (the simulator's bytes_sent, headers excluded).
-    transport may be None only for a program that sends nothing (P = 1). Raises WorkerFailure when a
-    peer fails or the transport times out, TypeError for an unknown operation.
+    transport may be None only for a program that sends nothing (P = 1). segments: optional list; when
+    given, one ``(category, seconds)`` pair is appended per yielded operation -- the local Python code
+    that ran *before* that yield (category 0/1/2 = compute/compress/comm by the attribution rule) --
+    and one last pair for the code after the last operation: the measured local timeline that
+    :meth:`sim.cluster.SimCluster.execute` replays (``replay=``) to predict the waiting and transfer
+    time alone. Raises WorkerFailure when a peer fails or the transport times out, TypeError for an
+    unknown operation.
     """
     value = None
     cat = 0  # category of the Python code currently running: compute until told otherwise
@@ -360,10 +367,15 @@ def execute(program, transport: TorchTransport | None, busy: np.ndarray, bytes_s
         try:
             op = program.send(value)
         except StopIteration as stop:
-            busy[cat] += clock() - t_last
+            dt = clock() - t_last
+            busy[cat] += dt
+            if segments is not None:
+                segments.append((cat, dt))
             return stop.value
         now = clock()
         value = None
+        if segments is not None:
+            segments.append((0 if isinstance(op, Compute) and op.kind == "forward_backward" else cat, now - t_last))
         if isinstance(op, Compute):
             if op.kind == "forward_backward":  # the gradient is computed before this yield
                 busy[0] += now - t_last
@@ -418,6 +430,8 @@ class WorkerResult:
     :data:`sim.runner.METRIC_COLUMNS`) on rank 0, None elsewhere. trajectory: list of T float arrays
     (d,), v after each iteration, when requested (else None). busy: float array (3,), this rank's
     cumulative seconds in compute / compress / comm. wall_s: this rank's summed step wall time (s).
+    steps: with ``record_trace``, one :class:`sim.replay.StepTrace` per iteration (start on this
+    machine's monotonic clock, the local segments, the step's busy seconds); else None.
     """
 
     rank: int
@@ -426,11 +440,12 @@ class WorkerResult:
     trajectory: list | None = None
     busy: np.ndarray = field(default_factory=lambda: np.zeros(3))
     wall_s: float = 0.0
+    steps: list | None = None
 
 
 def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: Callable[[int], float],
                x0: np.ndarray, transport: TorchTransport | None, eval_every: int = 1,
-               backend_allreduce: bool = False, keep_trajectory: bool = False,
+               backend_allreduce: bool = False, keep_trajectory: bool = False, record_trace: bool = False,
                on_row: Callable[[dict], None] | None = None) -> WorkerResult:
     """Run T iterations of ``spec`` as rank ``rank`` of P over torch.distributed; return a :class:`WorkerResult`.
 
@@ -438,6 +453,8 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     batch) and, on rank 0, ``objective`` (loss, full_grad) -- :class:`sim.runner.Workers` or a duck-typed
     test double. lr: t -> alpha_t. x0: float array (d,) (its dtype is the arithmetic dtype).
     backend_allreduce: dense only, use dist.all_reduce (sgd_step's collective ``backend_allreduce``).
+    record_trace: keep each step's measured local timeline (:class:`sim.replay.StepTrace`) for
+    :func:`sim.replay.replay` (the fidelity benchmark).
     Every rank must call this with the same arguments. After each step every rank sends its
     accumulator, residual, gradient, counters and clocks to rank 0 (untimed), which builds the metrics
     row with :class:`sim.runner.MetricsRecorder` exactly as the simulator does; sim_time_s is the
@@ -467,13 +484,18 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     nbytes = np.zeros(1)
     wall = 0.0
     traj = [] if keep_trajectory else None
+    steps = [] if record_trace else None
     for t in range(1, T + 1):
         if transport is not None:
             transport.where = f"iteration {t} of {spec.label}"
         prog = sgd_step(spec, rank, P, v, res, workers.grad_fn(rank, t), workers.b, lr(t), t)
+        segs = [] if record_trace else None
+        before = busy.copy()
         t0 = time.perf_counter()
-        out: StepOutput = execute(prog, transport, busy, nbytes)
+        out: StepOutput = execute(prog, transport, busy, nbytes, segments=segs)
         wall += time.perf_counter() - t0
+        if steps is not None:
+            steps.append(StepTrace(t0, tuple(segs), tuple(float(x) for x in busy - before)))
         v, res = out.v, out.residual
         if traj is not None:
             traj.append(v.copy())
@@ -495,7 +517,7 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     if rows is not None and backend_allreduce:
         for r in rows:
             r["algorithm"] = f"dense[{BACKEND_ALLREDUCE}]"
-    return WorkerResult(rank, v, rows, traj, busy, wall)
+    return WorkerResult(rank, v, rows, traj, busy, wall, steps)
 
 
 # ============================================================================ process group setup
@@ -561,7 +583,10 @@ def _child(rank: int, P: int, port: int, backend: str, timeout_s: float, target,
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=td)
         dist.init_process_group(be, store=store, rank=rank, world_size=P, timeout=td)
         ctx = DistContext(rank, P, TorchTransport(rank, P, device=device, timeout_s=timeout_s), device, timeout_s)
-        result = target(ctx, *args)
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1):  # one BLAS thread per rank, as torch: idle OpenBLAS threads spin and starve gloo
+            result = target(ctx, *args)
         tmp = os.path.join(tmpdir, f"result_{rank}.pkl.tmp")
         with open(tmp, "wb") as fh:
             pickle.dump(result, fh, protocol=pickle.HIGHEST_PROTOCOL)
@@ -665,7 +690,7 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
         return results
     finally:
         for p in procs:
-            if p.exitcode is None:
+            if p.pid is not None and p.exitcode is None:  # started (a failed start leaves pid None) and alive
                 p.kill()
                 p.join(5)
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -675,28 +700,53 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
 # ============================================================================ calibration (ping-pong)
 
 
-def pingpong_job(ctx: DistContext, sizes: list[int], repeats: int, warmup: int = 2) -> list | None:
-    """Ranks 0 and 1 bounce a uint8 payload of each size (bytes) ``repeats`` times through the
-    :class:`TorchTransport` (header + codec included, as in a collective). Returns on rank 0 a list of
-    (size_bytes, median one-way time in s, list of one-way times) ; None on the other ranks. Needs P >= 2."""
+#: Valid calibration patterns: one-way time from a ping-pong, or the time of a pairwise exchange.
+PATTERNS = ("exchange", "pingpong")
+
+
+def pingpong_job(ctx: DistContext, sizes: list[int], repeats: int, warmup: int = 2,
+                 pattern: str = "pingpong", busy_s: float = 0.0) -> list | None:
+    """Ranks 0 and 1 time messages of each size (bytes) ``repeats`` times through the
+    :class:`TorchTransport` (header + codec included, as in a collective).
+
+    pattern "pingpong": rank 0 sends, rank 1 sends it back; the time is half the round trip (the
+    classical one-way latency). pattern "exchange": both ranks send to and receive from each other at
+    once (``sendrecv``, the step of ring / recursive-doubling allreduce, Bruck allgather and gTop-k's
+    recursive doubling); the time is rank 0's exchange time, which on a full-duplex network equals the
+    one-way time and on a shared medium (loopback: one kernel, shared CPUs) does not.
+    busy_s: seconds (>= 0) each rank computes (a busy loop) before each timed exchange or round trip,
+    as a training step does between its messages; 0 times messages back to back.
+    Returns on rank 0 a list of (size_bytes, median time in s, list of times); None on the other ranks.
+    Raises SparsimError for P < 2 or an unknown pattern.
+    """
     tr = ctx.transport
     if ctx.P < 2:
         raise SparsimError(f"calibration needs 2 ranks, got P = {ctx.P}")
+    if pattern not in PATTERNS:
+        raise SparsimError(f"pattern = {pattern!r} is unknown: valid {', '.join(PATTERNS)}")
     out = []
     for n in sizes:
         payload = np.zeros(int(n), dtype=np.uint8)
         times = []
         for i in range(warmup + repeats):
-            if ctx.rank == 0:
-                t0 = time.perf_counter()
+            if ctx.rank > 1:
+                continue
+            if busy_s > 0:
+                t_end = time.perf_counter() + busy_s
+                while time.perf_counter() < t_end:
+                    pass
+            t0 = time.perf_counter()
+            if pattern == "exchange":
+                tr.sendrecv(1 - ctx.rank, payload, 1 - ctx.rank)
+                dt = time.perf_counter() - t0
+            elif ctx.rank == 0:
                 tr.send(1, payload)
                 tr.recv(1)
                 dt = (time.perf_counter() - t0) / 2
-                if i >= warmup:
-                    times.append(dt)
-            elif ctx.rank == 1:
-                got = tr.recv(0)
-                tr.send(0, got)
+            else:
+                tr.send(0, tr.recv(0))
+            if ctx.rank == 0 and i >= warmup:
+                times.append(dt)
         if ctx.rank == 0:
             out.append((int(n), float(np.median(times)), times))
     tr.barrier()

@@ -359,3 +359,74 @@ def test_cli_failed_run_records_the_error_and_exits_2(tmp_path):
     assert len(lines) == 1 and "torch backend failed: rank" in lines[0] and "not finite" in lines[0], r.stderr
     assert not out.exists()
     assert "not finite" in (tmp_path / "nan.partial" / "error.txt").read_text()
+
+
+# ------------------------------------------------------------------------------------------ trace replay and calibration
+
+
+def trace_job(ctx, P):
+    """Per-rank body: gTop-k (tree) and dense ring on the sines objective with the trace recorded."""
+    w, x0 = _objective_workers(P)
+    out = {}
+    for spec in (AlgorithmSpec("gtopk", k=5, collective="tree"), AlgorithmSpec("dense", collective="ring")):
+        r = run_worker(ctx.rank, ctx.P, spec, w, T=T, lr=constant_lr, x0=x0, transport=ctx.transport,
+                       record_trace=True)
+        out[spec.label] = r.steps
+    return out
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_recorded_trace_replays_on_the_simulator(P):
+    from sim.replay import replay
+
+    got = launch_local(P, trace_job, (P,), timeout_s=TIMEOUT)
+    w, x0 = _objective_workers(P)
+    net = PRESETS["10GbE"]
+    for spec in (AlgorithmSpec("gtopk", k=5, collective="tree"), AlgorithmSpec("dense", collective="ring")):
+        traces = [g[spec.label] for g in got]
+        for steps in traces:
+            assert len(steps) == T
+            for st in steps:
+                cats = np.zeros(3)
+                for c, sec in st.segments:
+                    assert c in (0, 1, 2) and sec >= 0
+                    cats[c] += sec
+                # compute and compress are local segments only; comm adds the time blocked in messages
+                np.testing.assert_allclose(cats[:2], st.busy_s[:2], rtol=1e-9, atol=1e-12)
+                assert st.busy_s[2] >= cats[2] - 1e-12
+        r = replay(spec, w, x0=x0, lr=constant_lr, network=net, traces=traces)
+        # the replay spends exactly the measured local time: compute and compress agree with the measurement
+        np.testing.assert_allclose(r.predicted_busy_s[:, :, :2], r.measured_busy_s[:, :, :2], rtol=1e-9, atol=1e-12)
+        assert np.all(r.predicted_comm_s > 0) and np.all(r.measured_comm_s > 0)
+
+
+@pytest.mark.parametrize("pattern", ["exchange", "pingpong"])
+def test_calibration_patterns_time_every_size(pattern):
+    from sim.torch_backend import pingpong_job
+
+    sizes = [1, 3000]
+    res = launch_local(2, pingpong_job, (sizes, 3, 1, pattern, 0.001), timeout_s=TIMEOUT)[0]
+    assert [n for n, _, _ in res] == sizes
+    for _, med, times in res:
+        assert len(times) == 3 and all(t > 0 for t in times) and med == float(np.median(times))
+
+
+def test_cli_calibrate_writes_both_fits_and_a_preset(tmp_path):
+    import tomllib
+
+    from experiments.cli import main
+    from sim.network import NetworkSpec
+
+    out = tmp_path / "cal.toml"
+    r = CliRunner().invoke(main, ["calibrate", "--out", str(out), "--max-bytes", "100000", "--repeats", "3",
+                                  "--pattern", "pingpong"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    assert "#   exchange: alpha =" in text and "#   pingpong: alpha =" in text and "<- this preset" in text
+    cl = tomllib.loads(text)["cluster"]
+    assert cl["network"] == "custom" and cl["alpha_s"] >= 0 and cl["bandwidth_Bps"] > 0
+    NetworkSpec.from_alpha_beta(cl["alpha_s"], 1.0 / cl["bandwidth_Bps"], cl["topology"])  # a valid network
+    r = CliRunner().invoke(main, ["calibrate", "--out", str(out), "--repeats", "3"])
+    assert r.exit_code == 2 and "exists" in r.stderr and out.read_text() == text
+    r = CliRunner().invoke(main, ["calibrate", "--out", str(tmp_path / "x.toml"), "--busy-s", "-1"])
+    assert r.exit_code == 2 and "--busy-s = -1.0 is out of range" in r.stderr
