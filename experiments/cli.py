@@ -49,12 +49,14 @@ def main():
               help="sim: simulated cluster; torch: real processes over torch.distributed (measured times)")
 @click.option("--nproc", type=int, default=None,
               help="torch: local processes to start (sets cluster.P; must agree with a --set cluster.P)")
-@click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
-              help="torch: seconds a rank may wait on a peer before the run fails naming the rank")
+@click.option("--timeout", "timeout_s", type=float, default=None,
+              help="torch: seconds a rank may wait on a peer before the run fails naming the rank "
+                   "(sets torch.timeout_s; scenario default 60)")
 @click.option("--backend-allreduce", is_flag=True,
-              help="torch: dense uses torch.distributed.all_reduce (collective backend_allreduce)")
-@click.option("--dist-backend", type=click.Choice(["gloo", "nccl", "auto"]), default="gloo", show_default=True,
-              help="torch: process-group backend (auto: nccl when a GPU is visible)")
+              help="torch: dense uses torch.distributed.all_reduce (sets torch.backend_allreduce = true)")
+@click.option("--dist-backend", type=click.Choice(["gloo", "nccl", "auto"]), default=None,
+              help="torch: process-group backend, auto = nccl when a GPU is visible (sets torch.dist_backend; "
+                   "scenario default gloo)")
 @_user_errors
 def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, nproc, timeout_s, backend_allreduce,
         dist_backend):
@@ -75,10 +77,14 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, n
         if given and sc0.cluster.P != nproc:
             raise SparsimError(f"--nproc {nproc} differs from --set cluster.P={sc0.cluster.P}: they must be equal")
         ov.append(f"cluster.P={nproc}")
+    if timeout_s is not None:
+        ov.append(f"torch.timeout_s={timeout_s!r}")
+    if backend_allreduce:
+        ov.append("torch.backend_allreduce=true")
+    if dist_backend is not None:
+        ov.append(f'torch.dist_backend="{dist_backend}"')
     sc = load_scenario(scenario, ov)
-    path = run_scenario(sc, out, force=force, progress=not quiet, backend=backend,
-                        nproc=nproc, timeout_s=timeout_s, backend_allreduce=backend_allreduce,
-                        dist_backend=dist_backend)
+    path = run_scenario(sc, out, force=force, progress=not quiet, backend=backend, nproc=nproc)
     if not quiet:
         _print_summary(path)
     if do_check:

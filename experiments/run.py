@@ -160,8 +160,7 @@ def _totals(rows: list[dict]) -> dict:
 
 
 def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, progress: bool = True,
-                 figure: bool = True, backend: str = "sim", nproc: int | None = None, timeout_s: float = 60.0,
-                 backend_allreduce: bool = False, dist_backend: str = "gloo") -> Path:
+                 figure: bool = True, backend: str = "sim", nproc: int | None = None) -> Path:
     """Run every algorithm of ``sc`` and write the run directory ``out``; return its path.
 
     The directory is built as ``out.partial`` and renamed when complete. Raises ConfigError if ``out``
@@ -171,25 +170,25 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
     backend: "sim" (the SimPy cluster; simulated times) or "torch" (``nproc`` local processes over
     torch.distributed on loopback, :mod:`sim.torch_backend`; the time columns are measured wall times
     and sim_time_s is the cumulative measured time). nproc: must equal cluster.P (None: cluster.P).
-    timeout_s: torch only, seconds a rank may wait on a peer before the run fails (> 0).
-    backend_allreduce: torch only, dense uses torch.distributed.all_reduce. dist_backend: "gloo", "nccl"
-    or "auto". When a torch rank fails, :class:`sim.torch_backend.WorkerFailure` is raised naming the
+    The torch settings come from the scenario's ``[torch]`` section (:class:`~experiments.scenario.TorchCfg`):
+    timeout_s (seconds a rank may wait on a peer, or every rank may go without progress, before the run
+    fails), dist_backend ("gloo", "nccl" or "auto") and backend_allreduce (dense uses
+    torch.distributed.all_reduce). When a torch rank fails, :class:`sim.torch_backend.WorkerFailure` is raised naming the
     rank and ``out.partial/error.txt`` records it (``out`` is not created).
     """
     out = Path(out)
     if backend not in ("sim", "torch"):
         raise ConfigError(f"backend = {backend!r} is unknown: valid sim, torch")
+    timeout_s, dist_backend = sc.torch.timeout_s, sc.torch.dist_backend
+    backend_allreduce = sc.torch.backend_allreduce
     if backend == "sim" and (nproc is not None or backend_allreduce):
-        raise ConfigError("--nproc and --backend-allreduce need --backend torch")
+        raise ConfigError("--nproc and --backend-allreduce (torch.backend_allreduce) need --backend torch")
     if nproc is not None and nproc != sc.cluster.P:
         raise ConfigError(f"--nproc {nproc} differs from cluster.P = {sc.cluster.P}: they must be equal")
     check_out(out, force)
     built = build(sc)
     if backend == "torch":
         _check_torch()
-        check_range("timeout_s", timeout_s, 0, 604_800, lo_open=True)  # at most a week
-        if dist_backend not in ("gloo", "nccl", "auto"):
-            raise ConfigError(f"dist backend = {dist_backend!r} is unknown: valid gloo, nccl, auto")
         if dist_backend == "nccl":
             import torch
 
@@ -218,7 +217,7 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
             from .torch_run import scenario_job
 
             try:
-                results = launch_local(sc.cluster.P, scenario_job, (sc.model_dump(), backend_allreduce),
+                results = launch_local(sc.cluster.P, scenario_job, (sc.model_dump(),),
                                        timeout_s=timeout_s, backend=dist_backend)
             except WorkerFailure as err:
                 (tmp / "error.txt").write_text(f"{err}\n")

@@ -94,6 +94,14 @@ class CompressionCfg(_Strict):
     gtopk_mask: Literal["exact", "reference"] = Field("exact", description="gTop-k residual mask rule")
 
 
+class TorchCfg(_Strict):
+    """[torch]: the real backend (``--backend torch``); the simulator ignores this section."""
+
+    timeout_s: float = Field(60.0, gt=0, le=604_800, description="seconds a rank may wait on a peer (or, with every rank stuck, make no progress) before the run fails naming the rank")
+    dist_backend: Literal["gloo", "nccl", "auto"] = Field("gloo", description="process-group backend (auto: nccl when a GPU is visible)")
+    backend_allreduce: bool = Field(False, description="dense uses torch.distributed.all_reduce (collective backend_allreduce) instead of the shared ring")
+
+
 class Scenario(_Strict):
     """A whole scenario: what to run, on what cluster, with which data."""
 
@@ -106,6 +114,7 @@ class Scenario(_Strict):
     data: DataCfg = DataCfg()
     training: TrainingCfg = TrainingCfg()
     compression: CompressionCfg = CompressionCfg()
+    torch: TorchCfg = TorchCfg()
 
     @field_validator("algorithms")
     @classmethod

@@ -19,11 +19,11 @@ from pathlib import Path
 __all__ = ["scenario_job", "main"]
 
 
-def scenario_job(ctx, scenario_dump: dict, backend_allreduce: bool = False) -> list | None:
+def scenario_job(ctx, scenario_dump: dict) -> list | None:
     """Run every algorithm of a scenario as rank ``ctx.rank`` (a :class:`sim.torch_backend.DistContext`).
 
-    scenario_dump: ``Scenario.model_dump()`` (validated again here). backend_allreduce: dense uses
-    torch.distributed.all_reduce. Returns on rank 0 the metrics rows of all algorithms in order
+    scenario_dump: ``Scenario.model_dump()`` (validated again here); dense uses
+    torch.distributed.all_reduce when its ``torch.backend_allreduce`` is true. Returns on rank 0 the metrics rows of all algorithms in order
     (list of dicts), None on the other ranks. Raises ConfigError if cluster.P differs from the world size.
     """
     from sim.errors import ConfigError
@@ -40,7 +40,7 @@ def scenario_job(ctx, scenario_dump: dict, backend_allreduce: bool = False) -> l
     for spec in built.specs:
         res = run_worker(ctx.rank, ctx.P, spec, built.workers, T=sc.training.iterations, lr=built.lr, x0=built.x0,
                          transport=ctx.transport, eval_every=sc.training.eval_every,
-                         backend_allreduce=backend_allreduce and spec.name == "dense")
+                         backend_allreduce=sc.torch.backend_allreduce and spec.name == "dense")
         if ctx.rank == 0:
             rows.extend(res.rows)
     return rows if ctx.rank == 0 else None
@@ -59,9 +59,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/torch")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--algorithms", default=None)
-    ap.add_argument("--timeout", type=float, default=60.0)
-    ap.add_argument("--dist-backend", default="auto")
-    ap.add_argument("--backend-allreduce", action="store_true")
+    ap.add_argument("--timeout", type=float, default=None, help="sets torch.timeout_s (scenario default 60)")
+    ap.add_argument("--dist-backend", default="auto", choices=["gloo", "nccl", "auto"],
+                    help="process-group backend (default auto here: nccl when a GPU is visible)")
+    ap.add_argument("--backend-allreduce", action="store_true", help="sets torch.backend_allreduce = true")
     ap.add_argument("--force", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -74,18 +75,23 @@ def main(argv=None) -> int:
         from .scenario import load_scenario
 
         ov = list(a.overrides) + ([f"algorithms={a.algorithms}"] if a.algorithms else [])
+        ov += [f'torch.dist_backend="{a.dist_backend}"']
+        if a.timeout is not None:
+            ov.append(f"torch.timeout_s={a.timeout!r}")
+        if a.backend_allreduce:
+            ov.append("torch.backend_allreduce=true")
         sc = load_scenario(a.scenario, ov)
-        ctx = init_from_env(backend=a.dist_backend, timeout_s=a.timeout)
+        ctx = init_from_env(backend=sc.torch.dist_backend, timeout_s=sc.torch.timeout_s)
         if ctx.rank == 0:
             check_out(Path(a.out), a.force)
         t0 = time.perf_counter()
-        rows = scenario_job(ctx, sc.model_dump(), a.backend_allreduce)
+        rows = scenario_job(ctx, sc.model_dump())
         if ctx.rank == 0:
             out = Path(a.out)
             tmp = partial_dir(out)
             write_run_directory(tmp, sc, build(sc), rows, time.perf_counter() - t0,
-                                backend={"name": "torch", "dist_backend": a.dist_backend, "nproc": ctx.P,
-                                         "timeout_s": a.timeout, "backend_allreduce": a.backend_allreduce,
+                                backend={"name": "torch", "dist_backend": sc.torch.dist_backend, "nproc": ctx.P,
+                                         "timeout_s": sc.torch.timeout_s, "backend_allreduce": sc.torch.backend_allreduce,
                                          "launcher": "torchrun"})
             publish(tmp, out)
             print(f"wrote {out}/")

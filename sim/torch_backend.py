@@ -82,6 +82,19 @@ class WorkerFailure(SparsimError):
     """A rank raised, died, hung or timed out; the message names the rank (and what it waited on)."""
 
 
+# progress of this rank, shared with launch_local (set in spawned ranks only): (times, iterations, rank)
+_PROGRESS = None
+
+
+def _beat(iteration: int | None = None) -> None:
+    """Record that this rank made progress now (a message done, a step started) for launch_local's watchdog."""
+    if _PROGRESS is not None:
+        times, its, rank = _PROGRESS
+        times[rank] = time.monotonic()
+        if iteration is not None:
+            its[rank] = iteration
+
+
 # ============================================================================ codec (no pickle)
 
 _NONE, _ARRAY, _SPARSE, _LIST, _TUPLE, _INT, _FLOAT, _BOOL = range(8)
@@ -278,6 +291,7 @@ class TorchTransport:
         except RuntimeError as err:
             self._fail("send to", dst, err)
         self.wire_bytes += wire
+        _beat()
 
     def recv(self, src: int):
         """Receive the next message from rank ``src`` (FIFO per pair) and return its payload."""
@@ -291,6 +305,7 @@ class TorchTransport:
                 self._wait(dist.irecv(rest, src))
         except RuntimeError as err:
             self._fail("receive from", src, err)
+        _beat()
         return self._join(first, rest, n)
 
     def sendrecv(self, dst: int, payload, src: int):
@@ -330,6 +345,7 @@ class TorchTransport:
         except RuntimeError as err:
             self._fail("exchange with" if dst == src else "send/receive with", peer, err)
         self.wire_bytes += wire
+        _beat()
         return self._join(first_in, rest_in, n)
 
     def barrier(self) -> None:
@@ -338,6 +354,7 @@ class TorchTransport:
             self.dist.barrier()
         except RuntimeError as err:
             self._fail("barrier with", -1, err)
+        _beat()
 
 
 # ============================================================================ driver
@@ -486,6 +503,7 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     traj = [] if keep_trajectory else None
     steps = [] if record_trace else None
     for t in range(1, T + 1):
+        _beat(t)
         if transport is not None:
             transport.where = f"iteration {t} of {spec.label}"
         prog = sgd_step(spec, rank, P, v, res, workers.grad_fn(rank, t), workers.b, lr(t), t)
@@ -568,10 +586,15 @@ def init_from_env(*, backend: str = "auto", timeout_s: float = 60.0) -> DistCont
     return DistContext(rank, P, TorchTransport(rank, P, device=device, timeout_s=timeout_s), device, timeout_s)
 
 
-def _child(rank: int, P: int, port: int, backend: str, timeout_s: float, target, args, tmpdir: str) -> None:
-    """Body of one spawned local rank: join the group via the parent's TCPStore, run target, report."""
+def _child(rank: int, P: int, port: int, backend: str, timeout_s: float, target, args, tmpdir: str,
+           progress=None) -> None:
+    """Body of one spawned local rank: join the group via the parent's TCPStore, run target, report.
+    progress: (shared double array of last-progress times, shared int array of iterations), by rank."""
+    global _PROGRESS
     err_path = os.path.join(tmpdir, f"error_{rank}.txt")
     try:
+        if progress is not None:
+            _PROGRESS = (progress[0], progress[1], rank)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo" if sys.platform.startswith("linux") else "lo0")
         os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"] = str(rank), str(rank), str(P)
         import torch
@@ -614,7 +637,10 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
     P: ranks (>= 1). target: a module-level function (spawn pickles it by name) taking a
     :class:`DistContext`; its return value must be picklable and comes back here. timeout_s (> 0): how
     long any rank may block on a peer, and how long the others get to stop after one fails; hung
-    ranks are then killed. The rendezvous store is hosted by this process on 127.0.0.1 (a free port)
+    ranks are then killed. A watchdog also ends the run when *no* rank has made progress (finished a
+    message or started a step) for timeout_s + 2 s -- every rank stuck in local computation, where no
+    peer is left to time out -- and names those ranks and their iteration; start_timeout_s (s) is the
+    grace before the first progress (imports, process-group set-up). The rendezvous store is hosted by this process on 127.0.0.1 (a free port)
     and gloo is bound to the loopback interface, so nothing listens beyond this machine.
     Returns the P results by rank. Raises :class:`WorkerFailure` naming the failed rank(s) (raised,
     died with exit code / signal, hung), SparsimError for bad arguments.
@@ -637,15 +663,19 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
     sock.detach()  # the store owns (and closes) the listening socket now
     tmpdir = tempfile.mkdtemp(prefix="sparsim_torch_")
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_child, args=(r, P, store.port, backend, float(timeout_s), target, args, tmpdir),
+    beats, iters = ctx.Array("d", P, lock=False), ctx.Array("q", P, lock=False)
+    procs = [ctx.Process(target=_child, args=(r, P, store.port, backend, float(timeout_s), target, args, tmpdir,
+                                              (beats, iters)),
                          name=f"sparsim-rank{r}", daemon=True) for r in range(P)]
     from multiprocessing.connection import wait as mp_wait
 
     try:
         for p in procs:
             p.start()
+        t_launch = time.monotonic()
         first_fail = None
         killed: list[int] = []
+        stalled: dict[int, str] = {}
         while True:
             alive = [p for p in procs if p.exitcode is None]
             if not alive:
@@ -653,6 +683,19 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
             mp_wait([p.sentinel for p in alive], timeout=0.2)
             if first_fail is None and any(p.exitcode not in (None, 0) for p in procs):
                 first_fail = time.monotonic()
+            now = time.monotonic()
+            last = max(beats[:]) or (t_launch + start_timeout_s)
+            if first_fail is None and now - last > timeout_s + 2.0:  # watchdog: nobody progresses
+                for r, p in enumerate(procs):
+                    if p.exitcode is None:
+                        where = f" in iteration {iters[r]}" if iters[r] > 0 else ""
+                        idle = now - beats[r] if beats[r] > 0 else now - t_launch
+                        stalled[r] = (f"rank {r} made no progress{where} for {idle:.0f} s (no rank progressed "
+                                      f"within the {timeout_s:g} s timeout: stuck in local computation; killed)")
+                        p.kill()
+                for p in procs:
+                    p.join(10)
+                break
             if first_fail is not None and time.monotonic() - first_fail > timeout_s + 2.0:
                 for r, p in enumerate(procs):
                     if p.exitcode is None:
@@ -665,7 +708,9 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
         for r, p in enumerate(procs):
             path = os.path.join(tmpdir, f"result_{r}.pkl")
             err = os.path.join(tmpdir, f"error_{r}.txt")
-            if r in killed:
+            if r in stalled:
+                problems.append((0, stalled[r]))
+            elif r in killed:
                 problems.append((1, f"rank {r} hung (still running {timeout_s + 2:g} s after another rank failed; "
                                     "killed)"))
             elif os.path.exists(err):

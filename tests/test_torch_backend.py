@@ -117,7 +117,8 @@ class CraftedWorkers:
     Iterations 2 and 5: every worker's gradient is zero (an all-zero step). Otherwise gradients are small
     integers times powers of two with many tied magnitudes across coordinates and workers; worker 1's
     gradient is also zero at iteration 3 (one silent worker). ``fault`` = (rank, iteration, how) makes that
-    rank raise ("raise"), SIGKILL itself ("kill") or hang ("hang") when asked for that gradient.
+    rank (every rank for "all") raise ("raise"), SIGKILL itself ("kill") or hang ("hang") when asked for that
+    gradient.
     """
 
     def __init__(self, P, d, fault=None):
@@ -134,7 +135,7 @@ class CraftedWorkers:
 
     def grad_fn(self, rank, t):
         def g(v):
-            if self.fault is not None and self.fault[:2] == (rank, t):
+            if self.fault is not None and self.fault[0] in (rank, "all") and self.fault[1] == t:
                 how = self.fault[2]
                 if how == "raise":
                     raise RuntimeError(f"injected failure on rank {rank}")
@@ -309,6 +310,19 @@ def test_hung_worker_is_detected_within_the_timeout():
     assert elapsed < 45, elapsed  # start-up + 3 s for the peers to give up + 3 + 2 s before the kill
 
 
+@pytest.mark.parametrize("P", [1, 2])
+def test_every_rank_hung_in_computation_is_stopped_by_the_watchdog(P):
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailure) as ei:
+        launch_local(P, fault_job, (P, ("all", 2, "hang")), timeout_s=2.0)
+    elapsed = time.monotonic() - t0
+    msg = str(ei.value)
+    for r in range(P):
+        assert f"rank {r} made no progress in iteration 2" in msg, msg
+    assert "2 s timeout" in msg and "stuck in local computation" in msg, msg
+    assert elapsed < 45, elapsed
+
+
 # ------------------------------------------------------------------------------------------ CLI
 
 
@@ -333,7 +347,7 @@ def test_cli_torch_backend_writes_the_run_directory(tmp_path):
     (["--nproc", "2"], "--nproc needs --backend torch"),
     (["--backend", "torch", "--nproc", "0"], "--nproc 0 is out of range"),
     (["--backend", "torch", "--nproc", "2", "--set", "cluster.P=3"], "--nproc 2 differs"),
-    (["--backend", "torch", "--nproc", "2", "--timeout", "0"], "timeout_s = 0.0 is out of range"),
+    (["--backend", "torch", "--nproc", "2", "--timeout", "0"], "torch.timeout_s = 0.0: Input should be greater than 0"),
 ])
 def test_cli_torch_user_errors_are_one_line(tmp_path, args, needle):
     from experiments.cli import main

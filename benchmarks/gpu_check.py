@@ -1,0 +1,194 @@
+"""GPU / NCCL check (issue 4, item 7): top-k selection time and per-iteration time on a CUDA machine.
+
+Run on a machine with CUDA GPUs (torch with CUDA; the repository installed with the torch extra):
+
+    python benchmarks/gpu_check.py --out gpu_out                      # d = 1e7 and 1e8, density 1e-3
+    python benchmarks/gpu_check.py --device cpu --d 100000 --out dry  # dry run without a GPU (CI does this)
+
+Measures, and writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (a Markdown table for the notes):
+
+1. Top-k selection time at each d: ``torch.topk(|x|, k)`` on the device (float32, k = density * d;
+   median of --repeats after a warm-up, CUDA-synchronised), next to the simulator's numpy selection
+   (:func:`sim.compression.topk`, float64, on the CPU). Each is also given as the coefficient
+   ``c = t / (d log2 d)`` of the compute model's selection cost (``ComputeModel.select_coeff_s``; the
+   default 2.19e-10 s is the gTop-k authors' P102-100 fit).
+2. Per-iteration time of dense (the shared ring definition and the backend's ``all_reduce`` fast path),
+   Top-k and gTop-k (tree) through :mod:`sim.torch_backend` with NCCL on P = number of visible GPUs
+   (``--P`` to lower it): the numerics are the simulator's numpy code on the CPU, the bytes go through
+   NCCL from device buffers. NCCL refuses two ranks on one GPU, so with one GPU P = 1 and only the
+   NCCL set-up, the device staging and the backend's ``all_reduce`` are exercised; the per-iteration
+   times are then the local (gradient + selection) times. Mean of iterations 2..--iters (the first is
+   warm-up), seconds: compute, compress, comm, total (``iter_time_s``).
+
+Nothing here asserts on time. Exits 2 with one line if --device cuda is asked for and no GPU is visible.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sim.algorithms import AlgorithmSpec  # noqa: E402
+from sim.compression import topk as np_topk  # noqa: E402
+from sim.data import shard_indices  # noqa: E402
+from sim.objectives import make_objective  # noqa: E402
+from sim.runner import Workers  # noqa: E402
+
+DEFAULT_SELECT_COEFF_S = 2.19e-10
+
+
+def lr_const(t):
+    """Step size 0.01 (module level: spawned ranks unpickle it)."""
+    return 0.01
+
+
+def _specs(k):
+    return {
+        "dense_ring": (AlgorithmSpec("dense", collective="ring", value_bytes=8), False),
+        "dense_allreduce": (AlgorithmSpec("dense", collective="ring", value_bytes=8), True),
+        "topk": (AlgorithmSpec("topk", k=k, value_bytes=8, index_bytes=8), False),
+        "gtopk_tree": (AlgorithmSpec("gtopk", k=k, collective="tree", value_bytes=8, index_bytes=8), False),
+    }
+
+
+def _setup(P, d):
+    obj = make_objective("double_well", d=d, n=8 * P, seed=0)
+    return Workers(obj, shard_indices(obj.n, P, seed=0), 4, 0), obj.x0(0)
+
+
+def select_times(device: str, d: int, k: int, repeats: int) -> dict:
+    """Median seconds of one top-k selection of k of d: torch on ``device`` and numpy on the CPU."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(d, generator=gen, dtype=torch.float32).to(device)
+
+    def sync():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    ts = []
+    for i in range(repeats + 2):
+        sync()
+        t0 = time.perf_counter()
+        torch.topk(x.abs(), k, sorted=False)
+        sync()
+        if i >= 2:
+            ts.append(time.perf_counter() - t0)
+    xn = np.random.default_rng(0).standard_normal(d)
+    tn = []
+    for _ in range(max(1, min(repeats, 3))):
+        t0 = time.perf_counter()
+        np_topk(xn, k)
+        tn.append(time.perf_counter() - t0)
+    dl = d * math.log2(d)
+    t_dev, t_np = statistics.median(ts), statistics.median(tn)
+    return {"d": d, "k": k, "device": device, "torch_topk_s": t_dev, "torch_select_coeff_s": t_dev / dl,
+            "numpy_topk_s": t_np, "numpy_select_coeff_s": t_np / dl,
+            "default_select_coeff_s": DEFAULT_SELECT_COEFF_S}
+
+
+def iteration_job(ctx, d, k, iters, names):
+    """Per-rank body: each algorithm for ``iters`` iterations; rank 0 returns {name: mean times}."""
+    from sim.torch_backend import run_worker
+
+    w, x0 = _setup(ctx.P, d)
+    out = {}
+    for name in names:
+        spec, fast = _specs(k)[name]
+        r = run_worker(ctx.rank, ctx.P, spec, w, T=iters, lr=lr_const, x0=x0, transport=ctx.transport,
+                       eval_every=iters, backend_allreduce=fast)
+        if ctx.rank == 0:
+            rows = [row for row in r.rows if row["iteration"] >= 2]
+            out[name] = {c: float(np.mean([row[c] for row in rows]))
+                         for c in ("compute_s", "compress_s", "comm_s", "iter_time_s")}
+    return out if ctx.rank == 0 else None
+
+
+def main(argv=None) -> int:
+    """Run the check (see the module docstring); returns the exit code."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.md")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--d", default="10000000,100000000", help="comma-separated model sizes")
+    ap.add_argument("--density", type=float, default=1e-3)
+    ap.add_argument("--repeats", type=int, default=10, help="timed top-k selections per d")
+    ap.add_argument("--iters", type=int, default=4, help="iterations per algorithm (first dropped)")
+    ap.add_argument("--P", type=int, default=0, help="ranks (default: number of GPUs; 2 on --device cpu)")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    a = ap.parse_args(argv)
+    import torch
+
+    from sim.torch_backend import launch_local
+
+    try:
+        ds = [int(float(x)) for x in a.d.split(",") if x.strip()]
+    except ValueError:
+        print(f"error: --d {a.d!r} is not a comma-separated list of integers", file=sys.stderr)
+        return 2
+    if not ds or min(ds) < 2 or not 0 < a.density <= 1 or a.iters < 2 or a.repeats < 1:
+        print(f"error: need d >= 2 (got {ds}), 0 < --density <= 1 (got {a.density}), --iters >= 2 "
+              f"(got {a.iters}), --repeats >= 1 (got {a.repeats})", file=sys.stderr)
+        return 2
+    if a.device == "cuda":
+        if not torch.cuda.is_available():
+            print("error: --device cuda but no CUDA GPU is visible (torch.cuda.is_available() is False): "
+                  "run on a GPU machine, or --device cpu for a dry run", file=sys.stderr)
+            return 2
+        n_gpu = torch.cuda.device_count()
+        P = a.P or n_gpu
+        if not 1 <= P <= n_gpu:
+            print(f"error: --P {P} is out of range: valid 1 <= P <= {n_gpu} (one GPU per NCCL rank)", file=sys.stderr)
+            return 2
+        dev, backend = "cuda:0", "nccl"
+        gpu = torch.cuda.get_device_name(0)
+    else:
+        P, dev, backend, gpu = (a.P or 2), "cpu", "gloo", "none"
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "cuda": torch.version.cuda, "gpu": gpu,
+           "gpus_visible": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+           "cpu_count": os.cpu_count(), "python": platform.python_version(), "backend": backend, "P": P}
+    print(json.dumps(env), flush=True)
+    sel, its = [], []
+    for d in ds:
+        k = max(1, round(a.density * d))
+        s = select_times(dev, d, k, a.repeats)
+        sel.append(s)
+        print(f"top-k d = {d}: torch {1e3 * s['torch_topk_s']:.3f} ms on {dev}, numpy {1e3 * s['numpy_topk_s']:.1f} ms",
+              flush=True)
+    for d in ds:
+        k = max(1, round(a.density * d))
+        names = list(_specs(k))
+        t0 = time.perf_counter()
+        res = launch_local(P, iteration_job, (d, k, a.iters, names), timeout_s=a.timeout, backend=backend)[0]
+        for name in names:
+            its.append({"d": d, "k": k, "P": P, "algorithm": name, **res[name]})
+        print(f"iterations d = {d}: {time.perf_counter() - t0:.1f} s", flush=True)
+    md = [f"GPU check: {gpu}, torch {torch.__version__}, backend {backend}, P = {P}, {env['date']}", "",
+          "| d | k | torch top-k ms | c = t/(d lg d) s | numpy top-k ms | numpy c s |", "|---|---|---|---|---|---|"]
+    md += [f"| {s['d']} | {s['k']} | {1e3 * s['torch_topk_s']:.3f} | {s['torch_select_coeff_s']:.3g} | "
+           f"{1e3 * s['numpy_topk_s']:.1f} | {s['numpy_select_coeff_s']:.3g} |" for s in sel]
+    md += ["", "| d | P | algorithm | compute ms | compress ms | comm ms | iteration ms |", "|---|---|---|---|---|---|---|"]
+    md += [f"| {r['d']} | {r['P']} | {r['algorithm']} | {1e3 * r['compute_s']:.2f} | {1e3 * r['compress_s']:.2f} | "
+           f"{1e3 * r['comm_s']:.2f} | {1e3 * r['iter_time_s']:.2f} |" for r in its]
+    (out / "gpu_check.json").write_text(json.dumps({"environment": env, "select": sel, "iterations": its}, indent=1))
+    (out / "gpu_check.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
