@@ -631,7 +631,7 @@ def _child(rank: int, P: int, port: int, backend: str, timeout_s: float, target,
 
 
 def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float = 60.0, backend: str = "gloo",
-                 start_timeout_s: float = 120.0) -> list:
+                 start_timeout_s: float = 120.0, watchdog: bool = True) -> list:
     """Run ``target(ctx, *args)`` in P local processes joined by torch.distributed on loopback.
 
     P: ranks (>= 1). target: a module-level function (spawn pickles it by name) taking a
@@ -640,7 +640,9 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
     ranks are then killed. A watchdog also ends the run when *no* rank has made progress (finished a
     message or started a step) for timeout_s + 2 s -- every rank stuck in local computation, where no
     peer is left to time out -- and names those ranks and their iteration; start_timeout_s (s) is the
-    grace before the first progress (imports, process-group set-up). The rendezvous store is hosted by this process on 127.0.0.1 (a free port)
+    grace before the first progress (imports, process-group set-up). Progress is recorded by
+    :class:`TorchTransport` operations and :func:`run_worker` steps, so a step's local computation may
+    not exceed the timeout either; pass ``watchdog=False`` for a target that makes no such progress. The rendezvous store is hosted by this process on 127.0.0.1 (a free port)
     and gloo is bound to the loopback interface, so nothing listens beyond this machine.
     Returns the P results by rank. Raises :class:`WorkerFailure` naming the failed rank(s) (raised,
     died with exit code / signal, hung), SparsimError for bad arguments.
@@ -685,7 +687,7 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
                 first_fail = time.monotonic()
             now = time.monotonic()
             last = max(beats[:]) or (t_launch + start_timeout_s)
-            if first_fail is None and now - last > timeout_s + 2.0:  # watchdog: nobody progresses
+            if watchdog and first_fail is None and now - last > timeout_s + 2.0:  # nobody progresses
                 for r, p in enumerate(procs):
                     if p.exitcode is None:
                         where = f" in iteration {iters[r]}" if iters[r] > 0 else ""

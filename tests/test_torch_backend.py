@@ -323,6 +323,18 @@ def test_every_rank_hung_in_computation_is_stopped_by_the_watchdog(P):
     assert elapsed < 45, elapsed
 
 
+def sleepy_job(ctx, seconds):
+    """Per-rank body: compute nothing for a while, without any message (no progress recorded)."""
+    time.sleep(seconds)
+    return ctx.rank
+
+
+def test_watchdog_can_be_turned_off_for_targets_without_progress():
+    assert launch_local(1, sleepy_job, (5.0,), timeout_s=1.0, start_timeout_s=0.5, watchdog=False) == [0]
+    with pytest.raises(WorkerFailure, match="rank 0 made no progress for"):
+        launch_local(1, sleepy_job, (30.0,), timeout_s=1.0, start_timeout_s=0.5)
+
+
 # ------------------------------------------------------------------------------------------ CLI
 
 
