@@ -19,6 +19,7 @@ The transmitted sizes are the real ones: float64 values (value_bytes = 8) and in
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import sys
 import tomllib
@@ -76,27 +77,44 @@ def main(argv=None):
     ap.add_argument("--calib-busy-s", type=float, default=0.002,
                     help="without --calibration: busy seconds before each timed exchange (about a step's compute)")
     a = ap.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so launch_local's cleanup kills the ranks
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     from sim.replay import replay
     from sim.torch_backend import launch_local
 
     if a.iters < 2:
         ap.error(f"--iters {a.iters}: valid >= 2 (iteration 1 is dropped as warm-up)")
+    try:
+        Ps = [int(x) for x in a.P.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--P {a.P!r}: valid a comma-separated list of integers >= 2")
+    if not Ps or min(Ps) < 2:
+        ap.error(f"--P {a.P!r}: valid integers >= 2 (P = 1 has no communication to predict)")
+    names = [n.strip() for n in a.algorithms.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ALGOS]
+    if not names or unknown:
+        ap.error(f"--algorithms {a.algorithms!r}: valid a comma-separated subset of {', '.join(ALGOS)}")
+    if a.d < 2 or not 0 < a.density <= 1:
+        ap.error(f"--d {a.d} / --density {a.density}: valid d >= 2 and 0 < density <= 1")
     if a.calibration:
-        cl = tomllib.loads(Path(a.calibration).read_text())["cluster"]
-        alpha, bw = cl["alpha_s"], cl["bandwidth_Bps"]
+        try:
+            cl = tomllib.loads(Path(a.calibration).read_text())["cluster"]
+            alpha, bw = float(cl["alpha_s"]), float(cl["bandwidth_Bps"])
+        except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as err:
+            ap.error(f"--calibration {a.calibration!r}: not a TOML file with a [cluster] table holding alpha_s and "
+                     f"bandwidth_Bps as sparsim calibrate writes ({type(err).__name__}: {err})")
     else:
         from experiments.calibrate import calibrate
 
         _, fit = calibrate(2, 1, 1 << 24, 20, a.timeout, "exchange", a.calib_busy_s)
         alpha, bw = fit["alpha_s"], fit["bandwidth_Bps"]
     net = NetworkSpec.from_alpha_beta(alpha, 1.0 / bw, "star")
-    names = [n.strip() for n in a.algorithms.split(",") if n.strip()]
     k = max(1, round(a.density * a.d))
     print(f"d = {a.d}, k = {k}, {a.iters} iterations (first dropped); network alpha = {alpha:.4g} s, "
           f"bandwidth = {bw / 1e6:.4g} MB/s; times: comm seconds per iteration in ms, mean over ranks and "
           "iterations; prediction = measured local time replayed on the simulator")
     table, errs, ratios, rows = [], [], [], []
-    for P in [int(x) for x in a.P.split(",")]:
+    for P in Ps:
         got = launch_local(P, bench_job, (names, a.d, k, a.iters), timeout_s=a.timeout)
         w, x0 = _setup(P, a.d)
         per = {}

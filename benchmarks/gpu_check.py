@@ -30,6 +30,7 @@ import json
 import math
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -128,6 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--P", type=int, default=0, help="ranks (default: number of GPUs; 2 on --device cpu)")
     ap.add_argument("--timeout", type=float, default=600.0)
     a = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwind: ranks are killed
     import torch
 
     from sim.torch_backend import launch_local
@@ -137,9 +139,11 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"error: --d {a.d!r} is not a comma-separated list of integers", file=sys.stderr)
         return 2
-    if not ds or min(ds) < 2 or not 0 < a.density <= 1 or a.iters < 2 or a.repeats < 1:
+    if not ds or min(ds) < 2 or not 0 < a.density <= 1 or a.iters < 2 or a.repeats < 1 or a.P < 0 \
+            or not 0 < a.timeout <= 86_400:
         print(f"error: need d >= 2 (got {ds}), 0 < --density <= 1 (got {a.density}), --iters >= 2 "
-              f"(got {a.iters}), --repeats >= 1 (got {a.repeats})", file=sys.stderr)
+              f"(got {a.iters}), --repeats >= 1 (got {a.repeats}), --P >= 1 or 0 for the default (got {a.P}), "
+              f"0 < --timeout <= 86400 (got {a.timeout})", file=sys.stderr)
         return 2
     if a.device == "cuda":
         if not torch.cuda.is_available():

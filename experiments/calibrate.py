@@ -46,8 +46,11 @@ def calibrate(nproc: int = 2, min_bytes: int = 1, max_bytes: int = 1 << 24, repe
     from sim.errors import SparsimError
     from sim.torch_backend import PATTERNS, fit_alpha_beta, launch_local, pingpong_job
 
+    from sim.errors import check_range
+
     if pattern not in PATTERNS:
         raise SparsimError(f"--pattern {pattern!r} is unknown: valid {', '.join(PATTERNS)}")
+    check_range("busy_s", busy_s, 0)
     sizes = message_sizes(min_bytes, max_bytes)
     fits = {}
     for pat in PATTERNS:
@@ -56,7 +59,12 @@ def calibrate(nproc: int = 2, min_bytes: int = 1, max_bytes: int = 1 << 24, repe
         # virtualised host those are bimodal (a thread wake-up that waits for the next scheduler tick);
         # the 10 % trimmed mean keeps that while dropping one-off stalls
         pts = [(n, float(trim_mean(times, 0.1))) for n, _, times in res]
-        fits[pat] = fit_alpha_beta([p[0] for p in pts], [p[1] for p in pts])
+        try:
+            fits[pat] = fit_alpha_beta([p[0] for p in pts], [p[1] for p in pts])
+        except SparsimError as err:
+            if pat == pattern:
+                raise
+            fits[pat] = {"error": str(err)}  # the other pattern's fit is for the record only
         fits[pat]["points"] = pts
     fit = fits[pattern]
     other = fits[next(p for p in PATTERNS if p != pattern)]
@@ -64,22 +72,27 @@ def calibrate(nproc: int = 2, min_bytes: int = 1, max_bytes: int = 1 << 24, repe
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"# sparsim calibrate, {now}: gloo over loopback, {nproc} processes, torch {torch.__version__}",
-        f"# {len(sizes)} sizes {sizes[0]} B .. {sizes[-1]} B, 10 % trimmed mean of {repeats} repeats each, "
+        f"# {len(sizes)} sizes {sizes[0]} B .. {sizes[-1]} B, "
+        f"{'10 % trimmed mean' if repeats >= 10 else 'mean'} of {repeats} repeats each, "
         f"{busy_s:g} s busy before each;",
         "# least-squares fit t(n) = alpha + n * beta (relative error) of each pattern:",
     ]
     for pat in PATTERNS:
         f = fits[pat]
+        if "error" in f:
+            lines.append(f"#   {pat:8s}: no fit ({f['error']})")
+            continue
         lines.append(f"#   {pat:8s}: alpha = {f['alpha_s']:.4g} s, beta = {f['beta_s_per_byte']:.4g} s/byte "
                      f"(bandwidth {f['bandwidth_Bps'] / 1e9:.4g} GB/s), residual rms {100 * f['rms_rel_residual']:.3g} % "
                      f"(max {100 * f['max_rel_residual']:.3g} %), rms {f['rms_abs_residual_s']:.3g} s absolute"
                      + ("   <- this preset" if pat == pattern else ""))
-    lines.append("#   bytes  " + "  ".join(f"{p + '_s':>11s} {'fit_s':>10s}" for p in PATTERNS))
+    lines.append("#   " + f"{'bytes':>9s}  " + "  ".join(f"{p + '_s':>10s} {'fit_s':>10s}" for p in PATTERNS))
     for i, n in enumerate(sizes):
         cols = []
         for pat in PATTERNS:
             f = fits[pat]
-            cols.append(f"{f['points'][i][1]:.4e} {f['alpha_s'] + n * f['beta_s_per_byte']:.4e}")
+            fitted = f"{f['alpha_s'] + n * f['beta_s_per_byte']:.4e}" if "error" not in f else f"{'-':>10s}"
+            cols.append(f"{f['points'][i][1]:.4e} {fitted}")
         lines.append(f"#   {n:>9d}  " + "  ".join(cols))
     lines += [
         "[cluster]",

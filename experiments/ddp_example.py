@@ -54,6 +54,9 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=0.5)
     ap.add_argument("--every", type=int, default=20)
     a = ap.parse_args(argv)
+    if a.nproc < 1 or a.iters < 1 or a.every < 1 or not 0 < a.density <= 1 or not a.lr > 0:
+        ap.error(f"need --nproc >= 1 (got {a.nproc}), --iters >= 1 (got {a.iters}), --every >= 1 (got {a.every}), "
+                 f"0 < --density <= 1 (got {a.density}), --lr > 0 (got {a.lr})")
     log, busy, applied = launch_local(a.nproc, train_job, (a.iters, a.density, a.algorithm, a.lr, a.every),
                                       timeout_s=60.0)[0]
     for t, loss, acc in log:

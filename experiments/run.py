@@ -169,10 +169,10 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
 
     backend: "sim" (the SimPy cluster; simulated times) or "torch" (``nproc`` local processes over
     torch.distributed on loopback, :mod:`sim.torch_backend`; the time columns are measured wall times
-    and sim_time_s is the cumulative measured time). nproc: must equal cluster.P (None: cluster.P).
+    iter_time_s is the slowest rank's step time and sim_time_s their running sum). nproc: must equal cluster.P (None: cluster.P).
     The torch settings come from the scenario's ``[torch]`` section (:class:`~experiments.scenario.TorchCfg`):
-    timeout_s (seconds a rank may wait on a peer, or every rank may go without progress, before the run
-    fails), dist_backend ("gloo", "nccl" or "auto") and backend_allreduce (dense uses
+    timeout_s (seconds a rank may wait on a peer before the run fails), stall_timeout_s (seconds every
+    rank may go without progress; 0 = no limit), dist_backend ("gloo", "nccl" or "auto") and backend_allreduce (dense uses
     torch.distributed.all_reduce). When a torch rank fails, :class:`sim.torch_backend.WorkerFailure` is raised naming the
     rank and ``out.partial/error.txt`` records it (``out`` is not created).
     """
@@ -186,16 +186,17 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
     if nproc is not None and nproc != sc.cluster.P:
         raise ConfigError(f"--nproc {nproc} differs from cluster.P = {sc.cluster.P}: they must be equal")
     check_out(out, force)
-    built = build(sc)
     if backend == "torch":
         _check_torch()
         if dist_backend == "nccl":
             import torch
 
             if not torch.cuda.is_available():
-                raise ConfigError("--dist-backend nccl needs a CUDA GPU and none is visible: use gloo")
+                raise ConfigError("torch.dist_backend = 'nccl' (--dist-backend) needs a CUDA GPU and none is "
+                                  "visible: use gloo")
         if backend_allreduce and "dense" not in sc.algorithms:
-            raise ConfigError("--backend-allreduce needs dense among the algorithms")
+            raise ConfigError("torch.backend_allreduce (--backend-allreduce) needs dense among the algorithms")
+    built = build(sc)
     tmp = partial_dir(out)
     try:
         t_wall = time.perf_counter()
@@ -218,16 +219,17 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
 
             try:
                 results = launch_local(sc.cluster.P, scenario_job, (sc.model_dump(),),
-                                       timeout_s=timeout_s, backend=dist_backend)
+                                       timeout_s=timeout_s, backend=dist_backend,
+                                       stall_timeout_s=sc.torch.stall_timeout_s or None)
             except WorkerFailure as err:
                 (tmp / "error.txt").write_text(f"{err}\n")
                 tmp = None  # keep DIR.partial/error.txt as the record of the failure
                 raise
             rows = results[0]
             info = {"name": "torch", "dist_backend": dist_backend, "nproc": sc.cluster.P, "timeout_s": timeout_s,
-                    "backend_allreduce": backend_allreduce, "torch": _torch_version(),
+                    "stall_timeout_s": sc.torch.stall_timeout_s, "backend_allreduce": backend_allreduce, "torch": _torch_version(),
                     "time_columns": "measured wall time per rank (s), averaged over ranks; sim_time_s = "
-                                    "largest cumulative step time over ranks"}
+                                    "running sum of the slowest rank's step time (iter_time_s)"}
         write_run_directory(tmp, sc, built, rows, time.perf_counter() - t_wall, figure=figure, backend=info)
         publish(tmp, out)
     except BaseException:

@@ -21,7 +21,7 @@ from .compute import ComputeModel
 from .errors import check_range
 from .network import Network, NetworkSpec
 from .errors import SparsimError
-from .ops import AllReduce, Compute, Recv, Send, SendRecv
+from .ops import AllReduce, Compute, Recv, Send, SendRecv, signature
 
 __all__ = ["SimCluster", "CATEGORY_OF_KIND", "CATEGORIES"]
 
@@ -98,11 +98,12 @@ class SimCluster:
         Returns the program's return value. Compute operations cost
         ``compute.seconds(kind, work, rank, iteration)`` seconds of simulated time.
 
-        replay: optional sequence of ``(category, seconds)`` pairs, one per operation the program
+        replay: optional sequence of ``(category, seconds[, signature])``, one per operation the program
         yields plus one for the end, as :func:`sim.torch_backend.execute` measures them (``segments=``).
         Before each operation the rank then spends the measured local time (accounted to that
         category) and Compute operations cost nothing more: only messages are modelled.
-        Raises SparsimError when the program yields more or fewer operations than the replay holds.
+        Raises SparsimError when the program yields more or fewer operations than the replay holds,
+        or another operation (:func:`sim.ops.signature`: kind, peer, size) than the one recorded.
         """
         env = self.env
         busy = self.busy[rank]
@@ -113,11 +114,11 @@ class SimCluster:
                 op = program.send(value)
             except StopIteration as stop:
                 if replay is not None:
-                    yield from self._replay_segment(rank, replay, n_op, last=True)
+                    yield from self._replay_segment(rank, replay, n_op, None)
                 return stop.value
             value = None
             if replay is not None:
-                yield from self._replay_segment(rank, replay, n_op)
+                yield from self._replay_segment(rank, replay, n_op, op)
                 n_op += 1
                 if isinstance(op, Compute):
                     continue
@@ -143,11 +144,14 @@ class SimCluster:
                 raise TypeError(f"rank {rank} yielded {op!r}, not a sim.ops operation")
             busy[2] += env.now - t0
 
-    def _replay_segment(self, rank, replay, i, last=False):
-        if i >= len(replay) or (last and i != len(replay) - 1):
+    def _replay_segment(self, rank, replay, i, op):
+        if i >= len(replay) or (op is None and i != len(replay) - 1):
             raise SparsimError(f"replay of rank {rank} holds {len(replay)} segments but the program yields "
                                f"{'more' if i >= len(replay) else 'fewer'} operations: not the same step")
-        cat, sec = replay[i]
+        cat, sec = replay[i][0], replay[i][1]
+        if len(replay[i]) > 2 and replay[i][2] != signature(op):
+            raise SparsimError(f"replay of rank {rank}: operation {i} is {signature(op)} in the program but "
+                               f"{replay[i][2]} in the trace: not the same step (algorithm, k, P or sizes differ)")
         if sec > 0:
             yield self.env.timeout(sec)
         self.busy[rank, cat] += sec

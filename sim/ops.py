@@ -88,3 +88,24 @@ class Compute:
 
 #: Type of a per-rank collective or step generator returning ``R``.
 Program = Generator[Any, Any, Any]
+
+
+def signature(op) -> tuple:
+    """What an operation is, without its payload: ``("Send", dst, nbytes)``, ``("Recv", src)``,
+    ``("SendRecv", dst, src, nbytes)``, ``("AllReduce", nbytes)``, ``("Compute", kind)``, or ``("end",)``
+    for None (a program's end). Two runs of one step yield the same signatures in the same order
+    whatever the numbers, so a measured trace can be checked against the program it is replayed on.
+    Raises TypeError for anything else."""
+    if op is None:
+        return ("end",)
+    if isinstance(op, Send):
+        return ("Send", op.dst, op.nbytes)
+    if isinstance(op, Recv):
+        return ("Recv", op.src)
+    if isinstance(op, SendRecv):
+        return ("SendRecv", op.dst, op.src, op.nbytes)
+    if isinstance(op, AllReduce):
+        return ("AllReduce", op.nbytes)
+    if isinstance(op, Compute):
+        return ("Compute", op.kind)
+    raise TypeError(f"{op!r} is not a sim.ops operation")

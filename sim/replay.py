@@ -32,8 +32,9 @@ class StepTrace:
     """One rank's measured step.
 
     start_s: step start on the measuring machine's monotonic clock (``time.perf_counter``, s; only
-    differences between ranks of one machine are used). segments: ``(category, seconds)`` per
-    yielded operation plus one for the end (category 0/1/2 = compute/compress/comm). busy_s: the
+    differences between ranks of one machine are used). segments: ``(category, seconds, signature)``
+    per yielded operation plus one for the end (category 0/1/2 = compute/compress/comm; signature:
+    :func:`sim.ops.signature`, optional). busy_s: the
     step's measured (compute, compress, comm) seconds, comm including the time blocked in messages.
     """
 
@@ -76,7 +77,11 @@ def replay(spec: AlgorithmSpec, workers, *, x0: np.ndarray, lr, network: Network
     backends are bit-identical). network: the model to test. traces: ``traces[r][t - 1]`` is rank r's
     :class:`StepTrace` of iteration t, P ranks, T iterations each.
     Returns a :class:`ReplayResult`. Raises SparsimError for ragged traces or a trace that does not
-    match the program (another algorithm, data set or seed).
+    match the program: other operations (kind, peer or message size, :func:`sim.ops.signature`), as
+    another algorithm, k or P gives. Other data or seeds with the same operations replay without
+    error, and rightly so: the messages, all the replay models, are then the same.
+    Start times are compared between ranks, so the traces must come from ranks of one machine
+    (one monotonic clock).
     """
     P = len(traces)
     if P < 1 or len({len(tr) for tr in traces}) != 1 or len(traces[0]) < 1:

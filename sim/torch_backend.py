@@ -55,7 +55,7 @@ from .cluster import CATEGORY_OF_KIND
 from .replay import StepTrace
 from .compression import Sparse
 from .errors import SparsimError, check_range
-from .ops import AllReduce, Compute, Recv, Send, SendRecv
+from .ops import AllReduce, Compute, Recv, Send, SendRecv, signature
 
 __all__ = [
     "encode",
@@ -212,6 +212,10 @@ class TorchTransport:
     receiver learns the size from the header, so variable sizes need no agreement beforehand and a
     small payload costs one message, not two. ``wire_bytes`` counts what this rank sent (bytes, first
     messages' padding included). Requires torch.distributed to be initialised.
+
+    On NCCL (untested here: no GPU has been available to this project) waits do not take timeout_s
+    (``work.wait()`` only orders the CUDA stream; the process group's own timeout applies), and a send
+    returns once it is queued, so its transfer time shows up at the next synchronising copy to the host.
     """
 
     def __init__(self, rank: int, P: int, *, device: str = "cpu", timeout_s: float = 60.0,
@@ -370,9 +374,10 @@ def execute(program, transport: TorchTransport | None, busy: np.ndarray, bytes_s
     module docstring for the attribution rule). bytes_sent: optional float/int array (1,), incremented
     by each message's modelled size ``op.nbytes`` (the simulator's bytes_sent, headers excluded).
     transport may be None only for a program that sends nothing (P = 1). segments: optional list; when
-    given, one ``(category, seconds)`` pair is appended per yielded operation -- the local Python code
-    that ran *before* that yield (category 0/1/2 = compute/compress/comm by the attribution rule) --
-    and one last pair for the code after the last operation: the measured local timeline that
+    given, one ``(category, seconds, signature)`` triple is appended per yielded operation -- the local
+    Python code that ran *before* that yield (category 0/1/2 = compute/compress/comm by the attribution
+    rule) and :func:`sim.ops.signature` of the operation -- and one last triple (signature
+    ``("end",)``) for the code after the last operation: the measured local timeline that
     :meth:`sim.cluster.SimCluster.execute` replays (``replay=``) to predict the waiting and transfer
     time alone. Raises WorkerFailure when a peer fails or the transport times out, TypeError for an
     unknown operation.
@@ -387,12 +392,13 @@ def execute(program, transport: TorchTransport | None, busy: np.ndarray, bytes_s
             dt = clock() - t_last
             busy[cat] += dt
             if segments is not None:
-                segments.append((cat, dt))
+                segments.append((cat, dt, ("end",)))
             return stop.value
         now = clock()
         value = None
         if segments is not None:
-            segments.append((0 if isinstance(op, Compute) and op.kind == "forward_backward" else cat, now - t_last))
+            segments.append((0 if isinstance(op, Compute) and op.kind == "forward_backward" else cat, now - t_last,
+                             signature(op)))
         if isinstance(op, Compute):
             if op.kind == "forward_backward":  # the gradient is computed before this yield
                 busy[0] += now - t_last
@@ -436,6 +442,7 @@ def _all_reduce(tr: TorchTransport, x: np.ndarray) -> np.ndarray:
         tr._wait(work)
     except RuntimeError as err:
         tr._fail("all_reduce with", -1, err)
+    _beat()
     return tr._to_numpy(t).copy()
 
 
@@ -474,8 +481,8 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     :func:`sim.replay.replay` (the fidelity benchmark).
     Every rank must call this with the same arguments. After each step every rank sends its
     accumulator, residual, gradient, counters and clocks to rank 0 (untimed), which builds the metrics
-    row with :class:`sim.runner.MetricsRecorder` exactly as the simulator does; sim_time_s is the
-    largest cumulative step wall time over ranks (s). A barrier (untimed) then starts the next step.
+    row with :class:`sim.runner.MetricsRecorder` exactly as the simulator does; iter_time_s is the
+    slowest rank's step wall time and sim_time_s their running sum (s). A barrier (untimed) then starts the next step.
     Raises SparsimError for bad T/k/eval_every, WorkerFailure when a peer fails, NonFiniteError
     for NaN/Inf gradients.
     """
@@ -500,6 +507,7 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     busy = np.zeros(3)
     nbytes = np.zeros(1)
     wall = 0.0
+    sim_now = 0.0  # rank 0: sum over steps of the slowest rank's step time
     traj = [] if keep_trajectory else None
     steps = [] if record_trace else None
     for t in range(1, T + 1):
@@ -511,21 +519,23 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
         before = busy.copy()
         t0 = time.perf_counter()
         out: StepOutput = execute(prog, transport, busy, nbytes, segments=segs)
-        wall += time.perf_counter() - t0
+        step_s = time.perf_counter() - t0
+        wall += step_s
         if steps is not None:
             steps.append(StepTrace(t0, tuple(segs), tuple(float(x) for x in busy - before)))
         v, res = out.v, out.residual
         if traj is not None:
             traj.append(v.copy())
         # ---- metrics gathering (untimed)
-        mine = (out.acc, out.residual, out.grad, int(out.n_selected), int(out.n_applied), float(wall), busy.copy(),
+        mine = (out.acc, out.residual, out.grad, int(out.n_selected), int(out.n_applied), float(step_s), busy.copy(),
                 float(nbytes[0]))
         if transport is not None:
             transport.where = f"metrics gathering after iteration {t} of {spec.label}"
         if rank == 0:
             snaps = [mine] + [transport.recv(q) for q in range(1, P)]
             outs = [StepOutput(out.v, s[1], s[0], s[2], out.update, s[3], s[4]) for s in snaps]
-            rec.finish_iteration(t, outs, max(s[5] for s in snaps), np.array([s[6] for s in snaps]),
+            sim_now += max(s[5] for s in snaps)  # steps are separated by a barrier: the slowest rank sets the pace
+            rec.finish_iteration(t, outs, sim_now, np.array([s[6] for s in snaps]),
                                  np.array([s[7] for s in snaps]))
         else:
             transport.send(0, mine)
@@ -631,18 +641,19 @@ def _child(rank: int, P: int, port: int, backend: str, timeout_s: float, target,
 
 
 def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float = 60.0, backend: str = "gloo",
-                 start_timeout_s: float = 120.0, watchdog: bool = True) -> list:
+                 start_timeout_s: float = 120.0, stall_timeout_s: float | None = None) -> list:
     """Run ``target(ctx, *args)`` in P local processes joined by torch.distributed on loopback.
 
     P: ranks (>= 1). target: a module-level function (spawn pickles it by name) taking a
     :class:`DistContext`; its return value must be picklable and comes back here. timeout_s (> 0): how
     long any rank may block on a peer, and how long the others get to stop after one fails; hung
-    ranks are then killed. A watchdog also ends the run when *no* rank has made progress (finished a
-    message or started a step) for timeout_s + 2 s -- every rank stuck in local computation, where no
-    peer is left to time out -- and names those ranks and their iteration; start_timeout_s (s) is the
-    grace before the first progress (imports, process-group set-up). Progress is recorded by
-    :class:`TorchTransport` operations and :func:`run_worker` steps, so a step's local computation may
-    not exceed the timeout either; pass ``watchdog=False`` for a target that makes no such progress. The rendezvous store is hosted by this process on 127.0.0.1 (a free port)
+    ranks are then killed (timeout_s + 2 s after the first failure). stall_timeout_s (> 0, or None: off,
+    the default): a watchdog that ends the run when *no* rank has made progress for that long -- every
+    rank stuck in local computation, where no peer is left waiting to time out -- naming each rank and
+    its iteration. Progress is a :class:`TorchTransport` operation or ``dist.all_reduce`` of
+    :func:`execute` finishing, or a :func:`run_worker` step starting, so the stall timeout also bounds
+    one step's local computation: set it well above the longest step. start_timeout_s (s): grace
+    before the first progress (imports, process-group set-up). The rendezvous store is hosted by this process on 127.0.0.1 (a free port)
     and gloo is bound to the loopback interface, so nothing listens beyond this machine.
     Returns the P results by rank. Raises :class:`WorkerFailure` naming the failed rank(s) (raised,
     died with exit code / signal, hung), SparsimError for bad arguments.
@@ -653,6 +664,8 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
 
     check_range("P", P, 1)
     check_range("timeout_s", timeout_s, 0, lo_open=True)
+    if stall_timeout_s is not None:
+        check_range("stall_timeout_s", stall_timeout_s, 0, lo_open=True)
     import socket
 
     # the rendezvous store listens on a socket bound to loopback only (TCPStore alone binds every interface)
@@ -687,13 +700,14 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
                 first_fail = time.monotonic()
             now = time.monotonic()
             last = max(beats[:]) or (t_launch + start_timeout_s)
-            if watchdog and first_fail is None and now - last > timeout_s + 2.0:  # nobody progresses
+            if stall_timeout_s is not None and first_fail is None and now - last > stall_timeout_s:
                 for r, p in enumerate(procs):
                     if p.exitcode is None:
                         where = f" in iteration {iters[r]}" if iters[r] > 0 else ""
                         idle = now - beats[r] if beats[r] > 0 else now - t_launch
-                        stalled[r] = (f"rank {r} made no progress{where} for {idle:.0f} s (no rank progressed "
-                                      f"within the {timeout_s:g} s timeout: stuck in local computation; killed)")
+                        stalled[r] = (f"rank {r} made no progress{where} for {idle:.1f} s (no rank progressed "
+                                      f"within the {stall_timeout_s:g} s stall timeout: stuck in local "
+                                      "computation; killed)")
                         p.kill()
                 for p in procs:
                     p.join(10)
@@ -771,13 +785,14 @@ def pingpong_job(ctx: DistContext, sizes: list[int], repeats: int, warmup: int =
         raise SparsimError(f"calibration needs 2 ranks, got P = {ctx.P}")
     if pattern not in PATTERNS:
         raise SparsimError(f"pattern = {pattern!r} is unknown: valid {', '.join(PATTERNS)}")
+    check_range("busy_s", busy_s, 0)
+    if ctx.rank > 1:  # only ranks 0 and 1 time messages; the others leave at once (no barrier to time out in)
+        return None
     out = []
     for n in sizes:
         payload = np.zeros(int(n), dtype=np.uint8)
         times = []
         for i in range(warmup + repeats):
-            if ctx.rank > 1:
-                continue
             if busy_s > 0:
                 t_end = time.perf_counter() + busy_s
                 while time.perf_counter() < t_end:
@@ -796,15 +811,15 @@ def pingpong_job(ctx: DistContext, sizes: list[int], repeats: int, warmup: int =
                 times.append(dt)
         if ctx.rank == 0:
             out.append((int(n), float(np.median(times)), times))
-    tr.barrier()
     return out if ctx.rank == 0 else None
 
 
 def fit_alpha_beta(sizes, times) -> dict:
-    """Least-squares fit t = alpha + n * beta of one-way times (s) against sizes (bytes).
+    """Least-squares fit t = alpha + n * beta of message times (s; one-way or exchange) against sizes (bytes).
 
     Minimises the relative residual sum_i ((alpha + n_i beta - t_i) / t_i)^2 (sizes span decades, so
-    an absolute fit would ignore the small messages). Returns a dict: alpha_s, beta_s_per_byte,
+    an absolute fit would ignore the small messages). A negative alpha is set to 0 and beta refitted
+    with alpha = 0. Returns a dict: alpha_s, beta_s_per_byte,
     bandwidth_Bps, rms_rel_residual, max_rel_residual, rms_abs_residual_s. Raises SparsimError for
     fewer than 2 sizes or a non-positive fitted beta.
     """
@@ -815,9 +830,11 @@ def fit_alpha_beta(sizes, times) -> dict:
     A = np.stack([np.ones_like(n), n], axis=1) / t[:, None]
     coef, *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
     alpha, beta = float(coef[0]), float(coef[1])
+    if alpha < 0:  # refit through the origin: t = n beta
+        alpha = 0.0
+        beta = float(np.sum(n / t) / np.sum((n / t) ** 2))
     if beta <= 0:
         raise SparsimError(f"calibration fit gave beta = {beta:.3g} s/byte <= 0: use larger message sizes")
-    alpha = max(alpha, 0.0)
     pred = alpha + beta * n
     rel = (pred - t) / t
     return {"alpha_s": alpha, "beta_s_per_byte": beta, "bandwidth_Bps": 1.0 / beta,

@@ -136,3 +136,46 @@ def test_ragged_or_misfitting_traces_are_rejected():
         replay(spec, w, x0=x0, lr=lr, network=NET, traces=[tr[0], tr[1][:1]])
     with pytest.raises(SparsimError, match="P = 1 ranks but workers has 2"):
         replay(spec, w, x0=x0, lr=lr, network=NET, traces=[tr[0]])
+
+
+def _signed_traces(spec, w, x0, P, T):
+    """Zero-time traces carrying each operation's signature, as the torch backend records them."""
+    from sim.ops import signature
+
+    sigs = [[None] * T for _ in range(P)]
+    vs, res = [x0.copy() for _ in range(P)], [np.zeros_like(x0) for _ in range(P)]
+    for t in range(1, T + 1):
+        logs = [[] for _ in range(P)]
+
+        def rec(gen, log):
+            value = None
+            while True:
+                try:
+                    op = gen.send(value)
+                except StopIteration as stop:
+                    log.append(signature(None))
+                    return stop.value
+                log.append(signature(op))
+                value = yield op
+
+        outs = run_lockstep([rec(sgd_step(spec, r, P, vs[r], res[r], w.grad_fn(r, t), w.b, lr(t), t), logs[r])
+                             for r in range(P)])
+        vs, res = [o.v for o in outs], [o.residual for o in outs]
+        for r in range(P):
+            sigs[r][t - 1] = logs[r]
+    return [[StepTrace(0.0, tuple((0, 0.0, s) for s in sigs[r][t]), (0.0, 0.0, 0.0)) for t in range(T)]
+            for r in range(P)]
+
+
+def test_a_trace_of_another_algorithm_or_k_is_rejected_by_its_signatures():
+    P, T = 2, 2
+    w, x0 = _setup(P)
+    topk3 = AlgorithmSpec("topk", k=3, value_bytes=8, index_bytes=8)
+    traces = _signed_traces(topk3, w, x0, P, T)
+    r = replay(topk3, w, x0=x0, lr=lr, network=NET, traces=traces)  # its own program: fine
+    np.testing.assert_allclose(r.predicted_busy_s[:, :, 2], topk_allgather_time(P, 3, ALPHA, BETA, 8, 8), rtol=1e-12)
+    for other in (AlgorithmSpec("topk", k=30, value_bytes=8, index_bytes=8),
+                  AlgorithmSpec("gtopk", k=3, collective="recursive_doubling", value_bytes=8, index_bytes=8),
+                  AlgorithmSpec("dense", collective="ring", value_bytes=8)):
+        with pytest.raises(SparsimError, match="not the same step"):
+            replay(other, w, x0=x0, lr=lr, network=NET, traces=traces)
