@@ -28,7 +28,35 @@ def _user_errors(fn):
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+
+
+class _OneLineErrors(click.Group):
+    """A click group whose usage errors (unknown option, bad choice, missing argument) are one line
+    ``error: ... (see 'sparsim COMMAND --help')`` with exit code 2, like every other user error."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _NO_ARGS_IS_HELP as err:  # a group called alone: show its help
+            click.echo(err.ctx.get_help() if err.ctx is not None else err.format_message(), err=True)
+            sys.exit(2)
+        except click.UsageError as err:
+            cmd = err.ctx.command_path if err.ctx is not None else "sparsim"
+            click.echo(f"error: {err.format_message()} (see '{cmd} --help')", err=True)
+            sys.exit(2)
+        except click.ClickException as err:
+            click.echo(f"error: {err.format_message()}", err=True)
+            sys.exit(err.exit_code)
+        except click.exceptions.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="sparsim")
 def main():
     """sparsim: simulate dense, Top-k and gTop-k S-SGD on a P-worker cluster; check the papers' bounds."""

@@ -149,3 +149,22 @@ def test_unusable_out_is_a_one_line_error(tmp_path, where):
     r = CliRunner().invoke(main, ["run", "--out", str(out), "--force", *QUICK])
     assert r.exit_code == 2, r.output
     assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1 and r.stderr.startswith("error: ")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--bogus"], "No such option '--bogus'"),
+    (["calibrate", "--pattern", "foo"], "'foo' is not one of 'exchange', 'pingpong'"),
+    (["nosuch"], "No such command 'nosuch'"),
+    (["theory", "show"], "Missing argument 'NAME'"),
+])
+def test_usage_errors_are_one_line_too(args, needle):
+    r = CliRunner().invoke(main, args)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: ") and needle in lines[0] and "--help')" in lines[0], lines[0]
+
+
+def test_help_and_version_still_exit_0():
+    assert CliRunner().invoke(main, ["--help"]).exit_code == 0
+    r = CliRunner().invoke(main, ["--version"])
+    assert r.exit_code == 0 and ", version " in r.output
