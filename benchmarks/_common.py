@@ -72,13 +72,19 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
 
 
 def write_csv(path: str | os.PathLike, header: list[str], rows: list[list]) -> Path:
-    """Write ``rows`` under ``header`` to ``path`` (parent folders created); return the path."""
+    """Write ``rows`` under ``header`` to ``path`` (parent folders created); return the path.
+    Written to ``path.tmp`` and renamed, so an interrupted write leaves no half-written file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows(rows)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -188,8 +188,11 @@ def main(argv=None) -> int:
     md += ["", "| d | P | algorithm | compute ms | compress ms | comm ms | iteration ms |", "|---|---|---|---|---|---|---|"]
     md += [f"| {r['d']} | {r['P']} | {r['algorithm']} | {1e3 * r['compute_s']:.2f} | {1e3 * r['compress_s']:.2f} | "
            f"{1e3 * r['comm_s']:.2f} | {1e3 * r['iter_time_s']:.2f} |" for r in its]
-    (out / "gpu_check.json").write_text(json.dumps({"environment": env, "select": sel, "iterations": its}, indent=1))
-    (out / "gpu_check.md").write_text("\n".join(md) + "\n")
+    for name, text in (("gpu_check.json", json.dumps({"environment": env, "select": sel, "iterations": its}, indent=1)),
+                       ("gpu_check.md", "\n".join(md) + "\n")):
+        tmp = out / (name + ".tmp")  # written whole, then renamed: never half a file
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
     print("\n".join(md))
     return 0
 
