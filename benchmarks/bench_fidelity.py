@@ -96,6 +96,20 @@ def main(argv=None):
         ap.error(f"--algorithms {a.algorithms!r}: valid a comma-separated subset of {', '.join(ALGOS)}")
     if a.d < 2 or not 0 < a.density <= 1:
         ap.error(f"--d {a.d} / --density {a.density}: valid d >= 2 and 0 < density <= 1")
+    if not 0 < a.timeout <= 86_400:
+        ap.error(f"--timeout {a.timeout}: valid 0 < timeout <= 86400 (s)")
+    if not 0 <= a.calib_busy_s <= 10:
+        ap.error(f"--calib-busy-s {a.calib_busy_s}: valid 0 <= seconds <= 10")
+    if a.csv:  # checked before measuring, by writing the temporary file the results will go through
+        probe = Path(a.csv + ".tmp")
+        try:
+            if Path(a.csv).is_dir() or not probe.parent.is_dir():
+                raise OSError("not a file path in an existing directory")
+            probe.write_text("")
+            probe.unlink()
+        except OSError as err:
+            ap.error(f"--csv {a.csv!r}: cannot write there ({err.strerror or err}); valid a file path in an "
+                     "existing, writable directory")
     if a.calibration:
         try:
             cl = tomllib.loads(Path(a.calibration).read_text())["cluster"]

@@ -40,9 +40,9 @@ class _OneLineErrors(click.Group):
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except _NO_ARGS_IS_HELP as err:  # a group called alone: show its help
-            click.echo(err.ctx.get_help() if err.ctx is not None else err.format_message(), err=True)
-            sys.exit(2)
+        except _NO_ARGS_IS_HELP as err:  # a group called alone: its help, as --help would
+            click.echo(err.ctx.get_help() if err.ctx is not None else err.format_message())
+            sys.exit(0)
         except click.UsageError as err:
             cmd = err.ctx.command_path if err.ctx is not None else "sparsim"
             click.echo(f"error: {err.format_message()} (see '{cmd} --help')", err=True)

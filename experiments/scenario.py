@@ -98,7 +98,7 @@ class TorchCfg(_Strict):
     """[torch]: the real backend (``--backend torch``); the simulator ignores this section."""
 
     timeout_s: float = Field(60.0, gt=0, le=604_800, description="seconds a rank may wait on a peer before the run fails naming the rank")
-    stall_timeout_s: float = Field(0.0, ge=0, le=604_800, description="seconds without progress on every rank (all stuck in local computation) before the run fails naming them; 0 = off. Also bounds one step's local computation")
+    stall_timeout_s: float = Field(0.0, ge=0, le=604_800, description="seconds without progress on every rank (all stuck in local computation) before the run fails naming them; 0 = off. Also bounds any local computation between two messages or steps (a gradient, rank 0's metrics evaluation)")
     dist_backend: Literal["gloo", "nccl", "auto"] = Field("gloo", description="process-group backend (auto: nccl when a GPU is visible)")
     backend_allreduce: bool = Field(False, description="dense uses torch.distributed.all_reduce (collective backend_allreduce) instead of the shared ring")
 

@@ -12,6 +12,7 @@ Send/Recv/SendRecv, plus dense reduction compute).
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -98,7 +99,7 @@ class SimCluster:
         Returns the program's return value. Compute operations cost
         ``compute.seconds(kind, work, rank, iteration)`` seconds of simulated time.
 
-        replay: optional sequence of ``(category, seconds[, signature])``, one per operation the program
+        replay: optional sequence of ``(category, seconds, signature)``, one per operation the program
         yields plus one for the end, as :func:`sim.torch_backend.execute` measures them (``segments=``).
         Before each operation the rank then spends the measured local time (accounted to that
         category) and Compute operations cost nothing more: only messages are modelled.
@@ -148,10 +149,17 @@ class SimCluster:
         if i >= len(replay) or (op is None and i != len(replay) - 1):
             raise SparsimError(f"replay of rank {rank} holds {len(replay)} segments but the program yields "
                                f"{'more' if i >= len(replay) else 'fewer'} operations: not the same step")
-        cat, sec = replay[i][0], replay[i][1]
-        if len(replay[i]) > 2 and replay[i][2] != signature(op):
+        seg = replay[i]
+        if len(seg) != 3:
+            raise SparsimError(f"replay of rank {rank}: segment {i} is {seg!r}: valid (category, seconds, "
+                               "signature) as sim.torch_backend.execute records it")
+        cat, sec, sig = seg
+        if cat not in (0, 1, 2) or isinstance(cat, bool) or not (isinstance(sec, (int, float)) and 0 <= sec < math.inf):
+            raise SparsimError(f"replay of rank {rank}: segment {i} has category {cat!r} and seconds {sec!r}: "
+                               "valid category 0, 1 or 2 (compute, compress, comm) and finite seconds >= 0")
+        if tuple(sig) != signature(op):
             raise SparsimError(f"replay of rank {rank}: operation {i} is {signature(op)} in the program but "
-                               f"{replay[i][2]} in the trace: not the same step (algorithm, k, P or sizes differ)")
+                               f"{tuple(sig)} in the trace: not the same step (algorithm, k, P, data or sizes differ)")
         if sec > 0:
             yield self.env.timeout(sec)
         self.busy[rank, cat] += sec

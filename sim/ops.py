@@ -93,9 +93,10 @@ Program = Generator[Any, Any, Any]
 def signature(op) -> tuple:
     """What an operation is, without its payload: ``("Send", dst, nbytes)``, ``("Recv", src)``,
     ``("SendRecv", dst, src, nbytes)``, ``("AllReduce", nbytes)``, ``("Compute", kind)``, or ``("end",)``
-    for None (a program's end). Two runs of one step yield the same signatures in the same order
-    whatever the numbers, so a measured trace can be checked against the program it is replayed on.
-    Raises TypeError for anything else."""
+    for None (a program's end). Two runs of one step on the same data and state yield the same
+    signatures in the same order (message sizes depend on the numbers: exact zeros are not sent), so a
+    measured trace can be checked against the program it is replayed on. Raises TypeError for
+    anything else."""
     if op is None:
         return ("end",)
     if isinstance(op, Send):

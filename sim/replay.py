@@ -34,7 +34,7 @@ class StepTrace:
     start_s: step start on the measuring machine's monotonic clock (``time.perf_counter``, s; only
     differences between ranks of one machine are used). segments: ``(category, seconds, signature)``
     per yielded operation plus one for the end (category 0/1/2 = compute/compress/comm; signature:
-    :func:`sim.ops.signature`, optional). busy_s: the
+    :func:`sim.ops.signature` of the operation, ``("end",)`` for the end). busy_s: the
     step's measured (compute, compress, comm) seconds, comm including the time blocked in messages.
     """
 

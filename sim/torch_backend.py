@@ -500,6 +500,7 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     rec = None
     if rank == 0:
         rec = MetricsRecorder(spec, workers.objective, T=T, lr=lr, x0=x0, eval_every=eval_every, on_row=on_row)
+        _beat()  # the recorder evaluated the objective at x0
     if transport is not None and P > 1:
         transport.where = "start"
         transport.barrier()
@@ -535,6 +536,7 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
             snaps = [mine] + [transport.recv(q) for q in range(1, P)]
             outs = [StepOutput(out.v, s[1], s[0], s[2], out.update, s[3], s[4]) for s in snaps]
             sim_now += max(s[5] for s in snaps)  # steps are separated by a barrier: the slowest rank sets the pace
+            _beat()
             rec.finish_iteration(t, outs, sim_now, np.array([s[6] for s in snaps]),
                                  np.array([s[7] for s in snaps]))
         else:
@@ -624,6 +626,8 @@ def _child(rank: int, P: int, port: int, backend: str, timeout_s: float, target,
         with open(tmp, "wb") as fh:
             pickle.dump(result, fh, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, os.path.join(tmpdir, f"result_{rank}.pkl"))
+        if _PROGRESS is not None:
+            _PROGRESS[1][rank] = -1  # done: the stall watchdog leaves this rank alone while it shuts down
         try:
             dist.destroy_process_group()
         except Exception:  # pragma: no cover - best effort
@@ -651,10 +655,13 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
     the default): a watchdog that ends the run when *no* rank has made progress for that long -- every
     rank stuck in local computation, where no peer is left waiting to time out -- naming each rank and
     its iteration. Progress is a :class:`TorchTransport` operation or ``dist.all_reduce`` of
-    :func:`execute` finishing, or a :func:`run_worker` step starting, so the stall timeout also bounds
-    one step's local computation: set it well above the longest step. start_timeout_s (s): grace
-    before the first progress (imports, process-group set-up). The rendezvous store is hosted by this process on 127.0.0.1 (a free port)
-    and gloo is bound to the loopback interface, so nothing listens beyond this machine.
+    :func:`execute` finishing, a :func:`run_worker` step starting, or rank 0's metrics evaluation
+    starting or ending; a rank that has returned its result no longer counts. So the stall timeout
+    also bounds the local computation between two such points (a step's gradient and selection,
+    rank 0's full-objective evaluation, building the data): set it well above the longest.
+    start_timeout_s (s): grace before the first progress (imports, process-group set-up). The
+    rendezvous store is hosted by this process on 127.0.0.1 (a free port) and gloo is bound to the
+    loopback interface, so nothing listens beyond this machine.
     Returns the P results by rank. Raises :class:`WorkerFailure` naming the failed rank(s) (raised,
     died with exit code / signal, hung), SparsimError for bad arguments.
     """
@@ -699,16 +706,18 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
             if first_fail is None and any(p.exitcode not in (None, 0) for p in procs):
                 first_fail = time.monotonic()
             now = time.monotonic()
-            last = max(beats[:]) or (t_launch + start_timeout_s)
-            if stall_timeout_s is not None and first_fail is None and now - last > stall_timeout_s:
-                for r, p in enumerate(procs):
-                    if p.exitcode is None:
-                        where = f" in iteration {iters[r]}" if iters[r] > 0 else ""
-                        idle = now - beats[r] if beats[r] > 0 else now - t_launch
-                        stalled[r] = (f"rank {r} made no progress{where} for {idle:.1f} s (no rank progressed "
-                                      f"within the {stall_timeout_s:g} s stall timeout: stuck in local "
-                                      "computation; killed)")
-                        p.kill()
+            working = [r for r, p in enumerate(procs) if p.exitcode is None and iters[r] != -1]
+            last = max(beats[r] for r in working) if working else now
+            last = last or (t_launch + start_timeout_s)
+            if stall_timeout_s is not None and first_fail is None and working and now - last > stall_timeout_s:
+                for r in working:
+                    p = procs[r]
+                    where = f" in iteration {iters[r]}" if iters[r] > 0 else ""
+                    idle = now - beats[r] if beats[r] > 0 else now - t_launch
+                    stalled[r] = (f"rank {r} made no progress{where} for {idle:.3g} s (no working rank progressed "
+                                  f"within the {stall_timeout_s:g} s stall timeout: stuck in local computation; "
+                                  "killed)")
+                    p.kill()
                 for p in procs:
                     p.join(10)
                 break

@@ -19,6 +19,7 @@ from sim.drivers import run_lockstep
 from sim.errors import SparsimError
 from sim.network import NetworkSpec
 from sim.objectives import make_objective
+from sim.ops import signature
 from sim.replay import StepTrace, replay
 from sim.runner import Workers
 
@@ -35,36 +36,38 @@ def _setup(P, d=60):  # d divisible by every P tested: equal ring chunks
     return Workers(obj, shard_indices(obj.n, P, seed=1), 4, 1), obj.x0(1)
 
 
-def _counting(gen, counter):
-    """Pass a program's operations through unchanged, counting them."""
+def _recording(gen, log):
+    """Pass a program's operations through unchanged, logging their signatures (and the end)."""
     value = None
     while True:
         try:
             op = gen.send(value)
         except StopIteration as stop:
+            log.append(signature(None))
             return stop.value
-        counter[0] += 1
+        log.append(signature(op))
         value = yield op
 
 
-def _op_counts(spec, w, x0, P, T):
-    """counts[r][t-1]: how many operations rank r's program yields at iteration t (lock-step run)."""
-    counts = [[0] * T for _ in range(P)]
+def _op_sigs(spec, w, x0, P, T):
+    """sigs[r][t-1]: the signatures of rank r's operations at iteration t, then ("end",) (lock-step run)."""
+    sigs = [[None] * T for _ in range(P)]
     vs, res = [x0.copy() for _ in range(P)], [np.zeros_like(x0) for _ in range(P)]
     for t in range(1, T + 1):
-        cs = [[0] for _ in range(P)]
-        progs = [_counting(sgd_step(spec, r, P, vs[r], res[r], w.grad_fn(r, t), w.b, lr(t), t), cs[r])
+        logs = [[] for _ in range(P)]
+        progs = [_recording(sgd_step(spec, r, P, vs[r], res[r], w.grad_fn(r, t), w.b, lr(t), t), logs[r])
                  for r in range(P)]
         outs = run_lockstep(progs)
         vs, res = [o.v for o in outs], [o.residual for o in outs]
         for r in range(P):
-            counts[r][t - 1] = cs[r][0]
-    return counts
+            sigs[r][t - 1] = logs[r]
+    return sigs
 
 
-def _traces(counts, seg=lambda r, t, i: (0, 0.0), start=lambda r, t: 0.0):
-    return [[StepTrace(start(r, t), tuple(seg(r, t, i) for i in range(n + 1)), (0.0, 0.0, 0.0))
-             for t, n in enumerate(row, start=1)] for r, row in enumerate(counts)]
+def _traces(sigs, seg=lambda r, t, i: (0, 0.0), start=lambda r, t: 0.0):
+    """StepTraces for the given signatures; seg(r, t, i) -> (category, seconds) of segment i."""
+    return [[StepTrace(start(r, t), tuple((*seg(r, t, i), sig) for i, sig in enumerate(step)), (0.0, 0.0, 0.0))
+             for t, step in enumerate(row, start=1)] for r, row in enumerate(sigs)]
 
 
 @pytest.mark.parametrize("P", [2, 3, 4, 5])
@@ -75,7 +78,7 @@ def test_zero_local_time_gives_the_closed_form(P):
         (AlgorithmSpec("dense", collective="ring", value_bytes=8), ring_allreduce_time(P, d, ALPHA, BETA, 8)),
         (AlgorithmSpec("topk", k=k, value_bytes=8, index_bytes=8), topk_allgather_time(P, k, ALPHA, BETA, 8, 8)),
     ]:
-        r = replay(spec, w, x0=x0, lr=lr, network=NET, traces=_traces(_op_counts(spec, w, x0, P, T)))
+        r = replay(spec, w, x0=x0, lr=lr, network=NET, traces=_traces(_op_sigs(spec, w, x0, P, T)))
         assert r.predicted_busy_s.shape == (T, P, 3)
         np.testing.assert_allclose(r.predicted_busy_s[:, :, 2], closed, rtol=1e-12)
         np.testing.assert_allclose(r.predicted_span_s, closed, rtol=1e-12)
@@ -87,7 +90,7 @@ def test_a_late_rank_makes_its_partner_wait_exactly_that_long():
     w, x0 = _setup(P)
     spec = AlgorithmSpec("dense", collective="ring", value_bytes=8)
     closed = ring_allreduce_time(P, x0.shape[0], ALPHA, BETA, 8)
-    traces = _traces(_op_counts(spec, w, x0, P, T), start=lambda r, t: 100.0 + (delta if r == 1 else 0.0))
+    traces = _traces(_op_sigs(spec, w, x0, P, T), start=lambda r, t: 100.0 + (delta if r == 1 else 0.0))
     r = replay(spec, w, x0=x0, lr=lr, network=NET, traces=traces)
     np.testing.assert_allclose(r.predicted_busy_s[:, 0, 2], closed + delta, rtol=1e-12)
     np.testing.assert_allclose(r.predicted_busy_s[:, 1, 2], closed, rtol=1e-12)
@@ -98,10 +101,11 @@ def test_local_segments_are_spent_and_accounted_to_their_category():
     P, T = 3, 2
     w, x0 = _setup(P)
     spec = AlgorithmSpec("gtopk", k=3, collective="tree", value_bytes=8, index_bytes=8)
-    counts = _op_counts(spec, w, x0, P, T)
+    sigs = _op_sigs(spec, w, x0, P, T)
+    counts = [[len(step) - 1 for step in row] for row in sigs]
     # segment i of rank r at step t lasts (1 + r + i) ms, categories cycling compute/compress/comm
     seg = lambda r, t, i: (i % 3, 1e-3 * (1 + r + i))  # noqa: E731
-    r = replay(spec, w, x0=x0, lr=lr, network=NET, traces=_traces(counts, seg=seg))
+    r = replay(spec, w, x0=x0, lr=lr, network=NET, traces=_traces(sigs, seg=seg))
     for rank in range(P):
         for t in range(T):
             n = counts[rank][t] + 1
@@ -116,62 +120,34 @@ def test_local_segments_are_spent_and_accounted_to_their_category():
         assert r.predicted_span_s[t] >= slowest
 
 
-@pytest.mark.parametrize("change,needle", [(-1, "more"), (+1, "fewer")])
+@pytest.mark.parametrize("change,needle", [(-1, "is \\('Compute', 'update'\\) in the program but \\('end',\\)"),
+                                           (+1, "fewer operations")])
 def test_a_trace_that_does_not_fit_the_program_is_an_error(change, needle):
     P, T = 2, 1
     w, x0 = _setup(P)
     spec = AlgorithmSpec("topk", k=3)
-    counts = _op_counts(spec, w, x0, P, T)
-    counts[1][0] += change
-    with pytest.raises(SparsimError, match=f"replay of rank 1 holds .* {needle} operations"):
-        replay(spec, w, x0=x0, lr=lr, network=NET, traces=_traces(counts))
+    sigs = _op_sigs(spec, w, x0, P, T)
+    step = sigs[1][0]
+    sigs[1][0] = step[:-2] + step[-1:] if change < 0 else step[:-1] + [step[-2], step[-1]]
+    with pytest.raises(SparsimError, match=f"replay of rank 1.*{needle}.*not the same step"):
+        replay(spec, w, x0=x0, lr=lr, network=NET, traces=_traces(sigs))
 
 
 def test_ragged_or_misfitting_traces_are_rejected():
     w, x0 = _setup(2)
     spec = AlgorithmSpec("topk", k=3)
-    counts = _op_counts(spec, w, x0, 2, 2)
-    tr = _traces(counts)
+    tr = _traces(_op_sigs(spec, w, x0, 2, 2))
     with pytest.raises(SparsimError, match="same number"):
         replay(spec, w, x0=x0, lr=lr, network=NET, traces=[tr[0], tr[1][:1]])
     with pytest.raises(SparsimError, match="P = 1 ranks but workers has 2"):
         replay(spec, w, x0=x0, lr=lr, network=NET, traces=[tr[0]])
 
 
-def _signed_traces(spec, w, x0, P, T):
-    """Zero-time traces carrying each operation's signature, as the torch backend records them."""
-    from sim.ops import signature
-
-    sigs = [[None] * T for _ in range(P)]
-    vs, res = [x0.copy() for _ in range(P)], [np.zeros_like(x0) for _ in range(P)]
-    for t in range(1, T + 1):
-        logs = [[] for _ in range(P)]
-
-        def rec(gen, log):
-            value = None
-            while True:
-                try:
-                    op = gen.send(value)
-                except StopIteration as stop:
-                    log.append(signature(None))
-                    return stop.value
-                log.append(signature(op))
-                value = yield op
-
-        outs = run_lockstep([rec(sgd_step(spec, r, P, vs[r], res[r], w.grad_fn(r, t), w.b, lr(t), t), logs[r])
-                             for r in range(P)])
-        vs, res = [o.v for o in outs], [o.residual for o in outs]
-        for r in range(P):
-            sigs[r][t - 1] = logs[r]
-    return [[StepTrace(0.0, tuple((0, 0.0, s) for s in sigs[r][t]), (0.0, 0.0, 0.0)) for t in range(T)]
-            for r in range(P)]
-
-
 def test_a_trace_of_another_algorithm_or_k_is_rejected_by_its_signatures():
     P, T = 2, 2
     w, x0 = _setup(P)
     topk3 = AlgorithmSpec("topk", k=3, value_bytes=8, index_bytes=8)
-    traces = _signed_traces(topk3, w, x0, P, T)
+    traces = _traces(_op_sigs(topk3, w, x0, P, T))
     r = replay(topk3, w, x0=x0, lr=lr, network=NET, traces=traces)  # its own program: fine
     np.testing.assert_allclose(r.predicted_busy_s[:, :, 2], topk_allgather_time(P, 3, ALPHA, BETA, 8, 8), rtol=1e-12)
     for other in (AlgorithmSpec("topk", k=30, value_bytes=8, index_bytes=8),
@@ -179,3 +155,35 @@ def test_a_trace_of_another_algorithm_or_k_is_rejected_by_its_signatures():
                   AlgorithmSpec("dense", collective="ring", value_bytes=8)):
         with pytest.raises(SparsimError, match="not the same step"):
             replay(other, w, x0=x0, lr=lr, network=NET, traces=traces)
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ((0, 0.0), "valid \\(category, seconds, signature\\)"),
+    ((-1, 0.0, None), "category -1"),
+    ((7, 0.0, None), "category 7"),
+    ((0, -1e-3, None), "seconds -0.001"),
+    ((0, float("nan"), None), "seconds nan"),
+])
+def test_malformed_segments_are_errors_naming_the_value(bad, needle):
+    w, x0 = _setup(2)
+    spec = AlgorithmSpec("topk", k=3)
+    tr = _traces(_op_sigs(spec, w, x0, 2, 1))
+    first = tr[0][0]
+    sig = first.segments[0][2]
+    seg = bad if len(bad) == 2 else (bad[0], bad[1], sig)
+    tr[0][0] = StepTrace(first.start_s, (seg,) + first.segments[1:], first.busy_s)
+    with pytest.raises(SparsimError, match=needle):
+        replay(spec, w, x0=x0, lr=lr, network=NET, traces=tr)
+
+
+def test_signatures_survive_a_json_round_trip():
+    import json
+
+    w, x0 = _setup(2)
+    spec = AlgorithmSpec("gtopk", k=3, value_bytes=8, index_bytes=8)
+    tr = _traces(_op_sigs(spec, w, x0, 2, 2))
+    back = [[StepTrace(s["start_s"], tuple(tuple(x) for x in s["segments"]), tuple(s["busy_s"]))
+             for s in json.loads(json.dumps([[st.__dict__ for st in row] for row in tr]))[r]] for r in range(2)]
+    a = replay(spec, w, x0=x0, lr=lr, network=NET, traces=tr)
+    b = replay(spec, w, x0=x0, lr=lr, network=NET, traces=back)
+    assert np.array_equal(a.predicted_busy_s, b.predicted_busy_s)

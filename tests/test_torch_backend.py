@@ -323,6 +323,13 @@ def test_every_rank_hung_in_computation_is_stopped_by_the_stall_timeout(P):
     assert elapsed < 45, elapsed  # start-up + 2 s, well before the 30 s peer timeout
 
 
+def test_a_stall_timeout_leaves_healthy_and_finished_ranks_alone():
+    # fast steps keep making progress; ranks that have returned (and are shutting down) are not stalled
+    for _ in range(2):
+        rows = launch_local(2, fault_job, (2, None), timeout_s=30.0, stall_timeout_s=1.0)[0]
+        assert [r["iteration"] for r in rows] == list(range(7))
+
+
 def sleepy_job(ctx, seconds):
     """Per-rank body: compute nothing for a while, without any message (no progress recorded)."""
     time.sleep(seconds)
