@@ -127,11 +127,17 @@ def _print_summary(path):
     s = json.loads((path / "summary.json").read_text())
     r = s["resolved"]
     click.echo(f"wrote {path}/ (metrics.csv, summary.json, figure.png, figure.pdf)")
+    be = s.get("backend") or {"name": "sim"}
+    if be.get("name") == "torch":  # measured: the scenario's network model was not used
+        where = f"torch backend ({be.get('dist_backend')}, {be.get('nproc')} processes), measured wall times"
+        clock = "wall s"
+    else:
+        where = f"network alpha = {r['network']['alpha_s']:.3g} s, beta = {r['network']['beta_s_per_byte']:.3g} s/byte"
+        clock = "sim time s"
     click.echo(f"P = {r['P']}, d = {r['d']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}), "
-               f"B = {r['global_batch_B']}, network alpha = {r['network']['alpha_s']:.3g} s, "
-               f"beta = {r['network']['beta_s_per_byte']:.3g} s/byte")
+               f"B = {r['global_batch_B']}, {where}")
     click.echo(f"{'algorithm':<20}{'iter time ms':>13}{'compute':>9}{'compress':>9}{'comm':>9}"
-               f"{'sim time s':>11}{'final loss':>12}{'||grad||^2':>12}{'max delta':>10}")
+               f"{clock:>11}{'final loss':>12}{'||grad||^2':>12}{'max delta':>10}")
     for name, t in s["totals"].items():
         md = "" if t["max_delta"] is None else f"{t['max_delta']:.3f}"
         click.echo(f"{name:<20}{1e3 * t['mean_iter_time_s']:>13.3f}{1e3 * t['mean_compute_s']:>9.3f}"
