@@ -127,8 +127,12 @@ def _one_run(o: ObjectiveSpec, c: int, b: int, seed: int, T: int, run_dir: str) 
     return out
 
 
-def confidence_interval(values, level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): Student-t interval of the mean via ``scipy.stats.t.interval``; a point if n < 2 or no spread."""
+def confidence_interval(values, level: float = 0.95, lower: float | None = None) -> tuple[float, float, float]:
+    """(mean, low, high): Student-t interval of the mean via ``scipy.stats.t.interval``; a point if n < 2 or no spread.
+
+    lower: a bound the mean cannot go below (0 for a non-negative quantity); the interval is cut there.
+    Intersecting with the parameter space keeps the coverage: if the true mean lies in [low, high] and
+    above ``lower``, it lies in [max(low, lower), high]."""
     from scipy import stats
 
     x = np.asarray(values, dtype=float)
@@ -139,6 +143,8 @@ def confidence_interval(values, level: float = 0.95) -> tuple[float, float, floa
     if not sem > 0:
         return m, m, m
     lo, hi = stats.t.interval(level, x.size - 1, loc=m, scale=sem)
+    if lower is not None:
+        lo = max(lo, lower)
     return m, float(min(lo, m)), float(max(hi, m))
 
 
@@ -150,7 +156,7 @@ def _aggregate(sp: SweepPlan, results: dict) -> list[dict]:
                 for b in sp.batch_sizes:
                     per = [results[(o.name, c, b, s)] for s in sp.seeds]
                     emp = [p["algs"][alg]["emp"] for p in per]
-                    mean, lo, hi = confidence_interval(emp)
+                    mean, lo, hi = confidence_interval(emp, lower=0.0)  # a mean squared gradient norm: >= 0
                     bp = float(np.mean([p["algs"][alg]["published"] for p in per]))
                     bc = float(np.mean([p["algs"][alg]["corrected"] for p in per]))
                     rows.append({"objective": o.name, "algorithm": alg, "c": c, "k": per[0]["k"], "d": per[0]["d"],

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import csv
 
+import numpy as np
+import pytest
+
 from click.testing import CliRunner
 
 from experiments.bounds_sweep import confidence_interval
@@ -49,3 +52,14 @@ def test_confidence_interval_contains_mean():
     assert lo < m < hi and abs(m - 7 / 3) < 1e-12
     assert confidence_interval([3.0, 3.0]) == (3.0, 3.0, 3.0)
     assert confidence_interval([5.0]) == (5.0, 5.0, 5.0)
+
+
+def test_confidence_interval_of_a_non_negative_quantity_stops_at_zero():
+    from scipy import stats
+
+    x = [0.01, 0.02, 3.0]  # heavy-tailed, 3 seeds: the plain t-interval reaches below 0
+    m, lo, hi = confidence_interval(x)
+    t_lo, t_hi = stats.t.interval(0.95, 2, loc=np.mean(x), scale=stats.sem(x))
+    assert lo == pytest.approx(t_lo) and lo < 0 and hi == pytest.approx(t_hi)
+    m2, lo2, hi2 = confidence_interval(x, lower=0.0)
+    assert (m2, lo2, hi2) == (m, 0.0, hi)
