@@ -5,15 +5,18 @@
   step at d = 10^6; on this VM each fresh page costs a (slow) page fault, which roughly doubles the
   numerics' wall time and adds noise. Both drivers run under the same setting, so the simpy/lockstep
   ratio stays a fair comparison (and, because the shared numerics get cheaper, a stricter one).
-- :func:`markdown_table`, :func:`write_csv`, :func:`median`.
+- :func:`markdown_table`, :func:`write_csv`, :func:`median`, :func:`profile_by_module`.
 """
 from __future__ import annotations
 
+import cProfile
 import csv
 import ctypes
+import io
 import ctypes.util
 import os
 import platform
+import pstats
 import statistics
 from pathlib import Path
 
@@ -114,3 +117,34 @@ def closed_form_messages(name: str, P: int) -> int:
         return 2 * (P - 1) * P if P > 1 else 0
     raise KeyError(name)
 
+
+
+def module_of(filename: str) -> str:
+    """Group a profiled function's file name: "simpy", "sim/<file>.py", "numpy", "builtins/C" or "other"."""
+    if "/simpy/" in filename:
+        return "simpy"
+    if "/sim/" in filename:
+        return "sim/" + filename.rsplit("/sim/", 1)[1]
+    if "numpy" in filename:
+        return "numpy"
+    return "builtins/C" if filename == "~" else "other"
+
+
+def profile_by_module(fn, label: str, top: int = 15, modules: int = 8) -> str:
+    """Run ``fn()`` under cProfile; return "self time by module (<label>): ..." (seconds, the ``modules``
+    largest groups of :func:`module_of`) followed by the ``top`` functions by self time."""
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    s = io.StringIO()
+    st = pstats.Stats(prof, stream=s)
+    by_mod: dict[str, float] = {}
+    for (filename, _, _), (_, _, tt, _, _) in st.stats.items():
+        key = module_of(filename)
+        by_mod[key] = by_mod.get(key, 0.0) + tt
+    total = sum(by_mod.values())
+    s.write(f"total {total:.2f} s; self time by module ({label}): "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(by_mod.items(), key=lambda kv: -kv[1])[:modules]) + "\n")
+    st.sort_stats("tottime").print_stats(top)
+    return s.getvalue()

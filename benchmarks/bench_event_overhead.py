@@ -52,11 +52,8 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse
-import cProfile
 import gc
-import io
 import math
-import pstats
 import resource
 import sys
 import time
@@ -65,8 +62,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (closed_form_messages, environment_line, fmt, markdown_table, median, tune_malloc,  # noqa: E402
-                     write_csv)
+from _common import (closed_form_messages, environment_line, fmt, markdown_table, median, profile_by_module,  # noqa: E402
+                     tune_malloc, write_csv)
 
 from sim.algorithms import AlgorithmSpec  # noqa: E402
 from sim.data import shard_indices  # noqa: E402
@@ -151,31 +148,6 @@ def same_numbers(rows_a, rows_b) -> bool:
     return True
 
 
-def profile_run(spec, workers, x0, args, driver, top=15) -> str:
-    prof = cProfile.Profile()
-    prof.enable()
-    one_run(spec, workers, x0, args, driver)
-    prof.disable()
-    s = io.StringIO()
-    st = pstats.Stats(prof, stream=s)
-    # where the time goes, by package
-    by_pkg = {}
-    for (fn, _, _), (_, _, tt, _, _) in st.stats.items():
-        key = ("simpy" if "/simpy/" in fn else
-               "sim.cluster" if fn.endswith("sim/cluster.py") else
-               "sim.network" if fn.endswith("sim/network.py") else
-               "sim.runner" if fn.endswith("sim/runner.py") else
-               "sim (other)" if "/sim/" in fn else
-               "numpy" if "numpy" in fn else
-               "builtins/C" if fn == "~" else "other")
-        by_pkg[key] = by_pkg.get(key, 0.0) + tt
-    total = sum(by_pkg.values())
-    s.write(f"total {total:.2f} s (profiled, T = {args.iterations}); self time by module: "
-            + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(by_pkg.items(), key=lambda kv: -kv[1])) + "\n")
-    st.sort_stats("tottime").print_stats(top)
-    return s.getvalue()
-
-
 def isolate(args, names, lock_cpu_big):
     """Driver cost in isolation: both drivers at a small d, where the shared numerics are cheap.
 
@@ -233,7 +205,7 @@ def main(argv=None):
         if nm not in ALGOS:
             raise SystemExit(f"unknown algorithm {nm!r}: valid {', '.join(ALGOS)}")
     T, P = args.iterations, args.P
-    print(f"# Event overhead: simpy vs lockstep driver\n")
+    print("# Event overhead: simpy vs lockstep driver\n")
     print(f"P = {P}, d = {args.d}, k = {args.k} (c = d/k = {args.d / args.k:g}), b = {args.b}, T = {T}, "
           f"eval_every = T, objective = {args.objective} (n = {args.n}), network = {args.network}, "
           f"repeats = {args.repeats} (median)  ")
@@ -321,7 +293,8 @@ def main(argv=None):
     for nm in todo:
         for drv in ("simpy", "lockstep"):
             print(f"\n## cProfile: {nm} driver={drv}\n\n```")
-            print(profile_run(specs[nm], workers, x0, args, drv).rstrip())
+            print(profile_by_module(lambda: one_run(specs[nm], workers, x0, args, drv),
+                                        f"profiled, T = {args.iterations}").rstrip())
             print("```")
 
 

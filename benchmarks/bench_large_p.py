@@ -36,16 +36,14 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse
-import cProfile
 import gc
-import io
-import pstats
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import closed_form_messages, environment_line, markdown_table, median, tune_malloc, write_csv  # noqa: E402,E501
+from _common import (closed_form_messages, environment_line, markdown_table, median, profile_by_module,  # noqa: E402
+                     tune_malloc, write_csv)
 
 import sim.runner as runner_mod  # noqa: E402
 from sim.algorithms import AlgorithmSpec  # noqa: E402
@@ -112,26 +110,6 @@ def one_run(spec, workers, x0, T, args, driver="simpy"):
     total = time.perf_counter() - t0
     return {"wall_total_s": total, "wall_per_iter_s": (stamps[-1] - stamps[0]) / T, "rows": rows,
             "cluster": _RecordingCluster.last if driver == "simpy" else None}
-
-
-def profile(spec, workers, x0, args, top=15) -> str:
-    prof = cProfile.Profile()
-    prof.enable()
-    one_run(spec, workers, x0, 1, args)
-    prof.disable()
-    s = io.StringIO()
-    st = pstats.Stats(prof, stream=s)
-    by_mod = {}
-    for (fn, _, _), (_, _, tt, _, _) in st.stats.items():
-        key = ("simpy" if "/simpy/" in fn else
-               "sim/" + fn.rsplit("/sim/", 1)[1] if "/sim/" in fn else
-               "numpy" if "numpy" in fn else
-               "builtins/C" if fn == "~" else "other")
-        by_mod[key] = by_mod.get(key, 0.0) + tt
-    s.write("self time by module (T = 1, profiled): "
-            + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(by_mod.items(), key=lambda kv: -kv[1])[:8]) + "\n")
-    st.sort_stats("tottime").print_stats(top)
-    return s.getvalue()
 
 
 def main(argv=None):
@@ -214,7 +192,7 @@ def main(argv=None):
         obj = make_objective(args.objective, d=args.d, n=n, seed=args.seed)
         workers = Workers(obj, shard_indices(obj.n, P, seed=args.seed), args.b, args.seed)
         print(f"\n## cProfile: P = {P} {nm} (T = 1)\n\n```")
-        print(profile(spec, workers, obj.x0(args.seed), args).rstrip())
+        print(profile_by_module(lambda: one_run(spec, workers, obj.x0(args.seed), 1, args), "T = 1, profiled").rstrip())
         print("```")
 
 
