@@ -296,14 +296,26 @@ def experiment():
     """One-command experiments that write a CSV, a figure (PNG and PDF) and a Markdown table."""
 
 
+def _experiment_options(name, quick_help):
+    """The options every experiment (bounds, scaling, delta, compression, memsgd) shares."""
+    def deco(fn):
+        for opt in reversed([
+            click.option("--out", "out", default=f"runs/{name}", show_default=True, help="output directory to write"),
+            click.option("--quick", is_flag=True, help=quick_help),
+            click.option("--force", is_flag=True, help="overwrite a non-empty output directory"),
+            click.option("--jobs", type=int, default=None, help="parallel runs (default: all local cores)"),
+            click.option("--scheduler", default=None, metavar="ADDRESS",
+                         help="run on a Dask cluster, e.g. tcp://host:8786 (needs sparsim[experiments]); "
+                              "--out must be on a shared file system"),
+            click.option("--quiet", is_flag=True, help="no progress bar"),
+        ]):
+            fn = opt(fn)
+        return fn
+    return deco
+
+
 @experiment.command("bounds")
-@click.option("--out", "out", default="runs/bounds", show_default=True, help="output directory to write")
-@click.option("--quick", is_flag=True, help="CI size: digits softmax only, c in {10, 100}, one B, 2 seeds, T = 30")
-@click.option("--force", is_flag=True, help="overwrite a non-empty output directory")
-@click.option("--jobs", type=int, default=None, help="parallel runs (default: all local cores)")
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="run the sweep on a Dask cluster, e.g. tcp://host:8786 (needs sparsim[experiments])")
-@click.option("--quiet", is_flag=True, help="no progress bar")
+@_experiment_options("bounds", "CI size: digits softmax only, c in {10, 100}, one B, 2 seeds, T = 30")
 @_user_errors
 def experiment_bounds(out, quick, force, jobs, scheduler, quiet):
     """Corollary 2 (published M^2/B vs corrected M^2) against measured runs over c, B and seeds."""
@@ -315,13 +327,7 @@ def experiment_bounds(out, quick, force, jobs, scheduler, quiet):
 
 
 @experiment.command("scaling")
-@click.option("--out", "out", default="runs/scaling", show_default=True, help="output directory to write")
-@click.option("--quick", is_flag=True, help="CI size: ResNet-50 only, P = 4..32, crossover at density 0.05")
-@click.option("--force", is_flag=True, help="overwrite a non-empty output directory")
-@click.option("--jobs", type=int, default=None, help="parallel simulations (default: all local cores)")
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="run the sweep on a Dask cluster, e.g. tcp://host:8786 (needs sparsim[experiments])")
-@click.option("--quiet", is_flag=True, help="no progress bar")
+@_experiment_options("scaling", "CI size: ResNet-50 only, P = 4..32, crossover at density 0.05")
 @_user_errors
 def experiment_scaling(out, quick, force, jobs, scheduler, quiet):
     """ICDCS 2019: iteration time and scaling efficiency vs P for dense, Top-k and gTop-k on 1 GbE, vs the published."""
@@ -334,25 +340,10 @@ def experiment_scaling(out, quick, force, jobs, scheduler, quiet):
 
 
 
-def _paper_options(name, quick_help):
-    """The options every paper experiment (delta, compression, memsgd) shares."""
-    def deco(fn):
-        for opt in reversed([
-            click.option("--out", "out", default=f"runs/{name}", show_default=True, help="output directory to write"),
-            click.option("--quick", is_flag=True, help=quick_help),
-            click.option("--force", is_flag=True, help="overwrite a non-empty output directory"),
-            click.option("--jobs", type=int, default=None, help="parallel runs (default: all local cores)"),
-            click.option("--scheduler", default=None, metavar="ADDRESS",
-                         help="run on a Dask cluster (e.g. tcp://host:8786); --out must be on a shared file system"),
-            click.option("--quiet", is_flag=True, help="no progress bar"),
-        ]):
-            fn = opt(fn)
-        return fn
-    return deco
 
 
 @experiment.command("delta")
-@_paper_options("delta", "CI size: T = 150 instead of 2000")
+@_experiment_options("delta", "CI size: T = 150 instead of 2000")
 @_user_errors
 def experiment_delta(out, quick, force, jobs, scheduler, quiet):
     """gTop-k paper Figure 1: delta_t of Top-k and gTop-k at c = 1000, P = 4 (digits: c = 640, its largest)."""
@@ -365,7 +356,7 @@ def experiment_delta(out, quick, force, jobs, scheduler, quiet):
 
 
 @experiment.command("compression")
-@_paper_options("compression", "CI size: T = 60 instead of 1500")
+@_experiment_options("compression", "CI size: T = 60 instead of 1500")
 @_user_errors
 def experiment_compression(out, quick, force, jobs, scheduler, quiet):
     """gTop-k paper Figure 2: loss and ||grad f||^2 for dense and c = 1000..20000, with Corollary 2 (both variants)."""
@@ -378,7 +369,7 @@ def experiment_compression(out, quick, force, jobs, scheduler, quiet):
 
 
 @experiment.command("memsgd")
-@_paper_options("memsgd", "CI size: epsilon-like d = 200, n = 1000, T = 3000, gamma = 2 schedule only")
+@_experiment_options("memsgd", "CI size: epsilon-like d = 200, n = 1000, T = 3000, gamma = 2 schedule only")
 @click.option("--libsvm", "libsvm", type=click.Path(dir_okay=False), default=None,
               help="also run on this binary LIBSVM-format file")
 @_user_errors
