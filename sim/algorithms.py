@@ -166,11 +166,9 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
             coll = C.gtopk_tree if spec.collective == "tree" else C.gtopk_rd
             res = yield from coll(rank, P, sel, spec.k, exact=spec.mask == "exact", value_bytes=vb, index_bytes=ib)
             g = res.g.to_dense()
-            if spec.mask == "exact":
-                new_res[sel.idx[res.applied]] = 0.0
-            else:
-                # released reference code: zero every local top-k entry whose index is in g
-                new_res[sel.idx[res.applied]] = 0.0
+            # res.applied already follows the mask rule: exact (what reached g) or the released
+            # reference code's (every local top-k entry whose index is in g)
+            new_res[sel.idx[res.applied]] = 0.0
             n_sel, n_app = len(sel), int(res.applied.sum())
     yield Compute("update", d)
     v_new = v - g / P

@@ -74,7 +74,7 @@ def timing_program(spec: AlgorithmSpec, rank: int, P: int, d: int, batch_size: i
     Yields the operations of :func:`sim.algorithms.sgd_step` in the same order: ``forward_backward``
     (``batch_size`` samples), for sparse algorithms ``select`` over d elements, the collective of
     ``spec`` (dense ``ring`` / ``recursive_doubling``, Top-k ``allgather``, gTop-k ``tree`` /
-    ``recursive_doubling`` with its mask rule and element bytes; Top-k: the Bruck allgather and the
+    ``recursive_doubling`` with its mask rule and element bytes; Top-k and rand-k: the Bruck allgather and the
     ``reduce`` op of ``topk_allgather_sum`` without its dense sum), then ``update`` of d parameters.
     payload: :func:`phantom_dense` (d) for dense, this rank's :func:`random_selection` otherwise.
     Returns the collective's result (its numbers are meaningless; only the time counts).
@@ -90,7 +90,7 @@ def timing_program(spec: AlgorithmSpec, rank: int, P: int, d: int, batch_size: i
             raise SparsimError(f"collective = {spec.collective!r} has no timing-only mode: valid ring, recursive_doubling")
     else:
         yield Compute("select", d)
-        if spec.name == "topk":
+        if spec.name in ("topk", "randk"):  # both allgather their k entries (algorithms.sgd_step)
             # topk_allgather_sum's messages and its reduce op, without its dense sum (numerics only)
             out = yield from C.bruck_allgather(rank, P, payload, lambda s_: s_.nbytes(vb, ib))
             yield Compute("reduce", sum(len(b) for b in out))
@@ -137,7 +137,7 @@ def simulate_timing(spec: AlgorithmSpec, P: int, d: int, *, network: NetworkSpec
     if spec.name == "dense":
         payload = phantom_dense(d)
         payloads = [payload] * P
-    elif spec.name == "topk":  # the allgather moves each rank's k entries whatever they are: one selection
+    elif spec.name in ("topk", "randk"):  # the allgather moves each rank's k entries whatever they are: one selection
         payloads = [random_selection(spec.k, d, rng)] * P
     else:  # gTop-k: one selection per rank, so every merge and survival mask does real work
         payloads = [random_selection(spec.k, d, rng) for _ in range(P)]
@@ -154,7 +154,7 @@ def simulate_timing(spec: AlgorithmSpec, P: int, d: int, *, network: NetworkSpec
 
 def closed_form_comm_s(spec: AlgorithmSpec, P: int, d: int, alpha: float, beta: float) -> float:
     """The :mod:`sim.costs` closed form (s) of ``spec``'s collective on P ranks (alpha s, beta s/byte)."""
-    name = {"dense": spec.collective, "topk": "allgather"}.get(spec.name)
+    name = {"dense": spec.collective, "topk": "allgather", "randk": "allgather"}.get(spec.name)
     if name is None:
         name = "gtopk_tree" if spec.collective == "tree" else "gtopk_rd"
     return collective_time(name, P, d, spec.k or 1, alpha, beta, spec.value_bytes, spec.index_bytes,

@@ -36,6 +36,10 @@ def test_timing_only_collective_equals_closed_form(P):
         costs.topk_allgather_time(P, k, ALPHA, BETA), rel=1e-12, abs=1e-15)
     assert simulate_timing(_specs(k)[3], P, d, network=NET).iter_s[0] == pytest.approx(
         costs.gtopk_tree_time(P, k, ALPHA, BETA), rel=1e-12, abs=1e-15)
+    # rand-k allgathers its k entries exactly as Top-k does (it once ran gTop-k's collective here)
+    rk = simulate_timing(AlgorithmSpec("randk", k=k), P, d, network=NET)
+    assert rk.iter_s[0] == pytest.approx(costs.topk_allgather_time(P, k, ALPHA, BETA), rel=1e-12, abs=1e-15)
+    assert rk.messages == simulate_timing(_specs(k)[2], P, d, network=NET).messages
 
 
 def test_full_size_models_without_memory():
