@@ -19,15 +19,14 @@ import numpy as np
 import simpy
 
 from .compute import ComputeModel
-from .errors import check_range
+from .errors import SparsimError, check_range
 from .network import Network, NetworkSpec
-from .errors import SparsimError
 from .ops import AllReduce, Compute, Recv, Send, SendRecv, signature
 
-__all__ = ["SimCluster", "CATEGORY_OF_KIND", "CATEGORIES"]
+__all__ = ["SimCluster", "CATEGORY_OF_KIND"]
 
-CATEGORIES = ("compute", "compress", "comm")
-#: Which timeline category each compute kind is accounted to.
+#: Which timeline category each compute kind is accounted to (0 compute, 1 compress, 2 comm: the
+#: columns of ``SimCluster.busy``).
 CATEGORY_OF_KIND = {
     "forward_backward": 0,
     "update": 0,
@@ -41,14 +40,13 @@ class SimCluster:
     """P simulated ranks on one SimPy environment, a network and a compute model.
 
     P: int >= 1. network: a :class:`~sim.network.NetworkSpec`. compute: a
-    :class:`~sim.compute.ComputeModel` (default: all compute costs zero). ``trace=True`` records
-    every message as (start_s, end_s, src, dst, nbytes) in :attr:`trace`.
+    :class:`~sim.compute.ComputeModel` (default: all compute costs zero).
     Attributes: ``env`` (simpy.Environment, time in seconds), ``net`` (:class:`~sim.network.Network`),
     ``busy`` (float array (P, 3): seconds per rank in compute / compress / comm, cumulative).
     Raises SparsimError for P < 1.
     """
 
-    def __init__(self, P: int, network: NetworkSpec, compute: ComputeModel | None = None, *, trace: bool = False):
+    def __init__(self, P: int, network: NetworkSpec, compute: ComputeModel | None = None):
         check_range("P", P, 1)
         self.P = int(P)
         self.env = simpy.Environment()
@@ -57,17 +55,13 @@ class SimCluster:
         self._sends: dict[tuple[int, int], deque] = {}
         self._recvs: dict[tuple[int, int], deque] = {}
         self.busy = np.zeros((self.P, 3))
-        self.trace: list[tuple[float, float, int, int, int]] | None = [] if trace else None
 
     # -- rendezvous matching ------------------------------------------------------------------
     def _start(self, src, dst, payload, nbytes, send_ev, recv_ev):
         env = self.env
 
         def xfer():
-            t0 = env.now
             yield self.net.transfer(src, dst, nbytes)
-            if self.trace is not None:
-                self.trace.append((t0, env.now, src, dst, nbytes))
             send_ev.succeed()
             recv_ev.succeed(payload)
 

@@ -359,15 +359,6 @@ class Network:
             self.messages_sent[src] += 1
         return self.env.process(self._send(path, nbytes))
 
-    def link_free_at(self, key) -> float:
-        """Return the time in seconds at which link ``key`` finishes its queued transmissions.
-
-        Times ``<= env.now`` mean the link is idle. A link never used (or a key that is not a
-        link) reports ``0.0``.
-        """
-        v = self._free_at.get(key, 0.0)
-        return v * self._q if self._q > 0 else float(v)
-
     def _send(self, path, nbytes):
         # FIFO service with known service times: a message reaching a link at time t starts at
         # max(t, the link's free time), the Lindley recursion a capacity-1 FIFO simpy.Resource

@@ -50,7 +50,6 @@ __all__ = [
 GM_DPSI_MAX = 3.0 * math.sqrt(3.0) / 8.0
 #: psi''(t) = (2 - 6t^2)/(1+t^2)^3 lies in [-1/2, 2] (min at t^2 = 1, max at t = 0), so |psi''| <= 2.
 GM_D2PSI_MAX = 2.0
-GM_D2PSI_MIN = -0.5
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -726,7 +725,7 @@ class LogisticObjective(_RegularisedData):
     def constants(self):
         """L, L_f, M, f_star_lower as derived in the class docstring."""
         if self._consts is None:
-            reg = 2.0 * self.lam + self.mu
+            reg = GM_D2PSI_MAX * self.lam + self.mu  # max |psi"| = 2
             lmax, how, note = _lmax_gram(self.X)
             self._consts = {
                 "L": _const(float(self.row_sq.max()) / 4.0 + reg, "analytic",
@@ -830,7 +829,7 @@ class SoftmaxObjective(_RegularisedData):
     def constants(self):
         """L, L_f, M, f_star_lower as derived in the class docstring."""
         if self._consts is None:
-            reg = 2.0 * self.lam + self.mu
+            reg = GM_D2PSI_MAX * self.lam + self.mu  # max |psi"| = 2
             lmax, how, note = _lmax_gram(self.X)
             self._consts = {
                 "L": _const(float(self.row_sq.max()) / 2.0 + reg, "analytic",
