@@ -74,6 +74,10 @@ class CheckReport:
                 "verdicts": [asdict(v) for v in self.verdicts], "notes": self.notes}
 
 
+def _is_dense(label: str) -> bool:
+    """Whether an algorithm label (``dense``, ``dense[backend_allreduce]``, ``topk``, ...) is dense S-SGD."""
+    return label.split("[", 1)[0] == "dense"
+
 def _num(s: str) -> float:
     return math.nan if s == "" else float(s)
 
@@ -150,7 +154,7 @@ def check_run(run_dir, *, write: bool = True) -> CheckReport:
     tau = gamma * (1 + eta)
     report.notes.append(f"eta = {eta:.6g} (minimises tau/(eta(1-tau)) at c = {d / k:.6g}); tau = {tau:.12g}")
     for alg, rows in by_alg.items():
-        if alg == "dense":
+        if _is_dense(alg):
             continue
         steps = [r for r in rows if r["iteration"] >= 1]
         T = len(steps)
@@ -211,7 +215,7 @@ def _figure(report, by_alg, run_dir, L, M, B, F, gamma, eta):
     from .plots import plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, (alg, rows) in enumerate(a for a in by_alg.items() if a[0] != "dense"):
+    for i, (alg, rows) in enumerate(a for a in by_alg.items() if not _is_dense(a[0])):
         steps = [r for r in rows if r["iteration"] >= 1]
         alphas = [r["lr"] for r in steps]
         gn = [r["grad_norm_sq"] for r in rows[:-1]]

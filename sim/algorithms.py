@@ -84,8 +84,12 @@ class AlgorithmSpec:
 
     @property
     def label(self) -> str:
-        """Short display name, e.g. ``gtopk`` or ``gtopk[reference]``."""
-        return self.name + ("[reference]" if self.name == "gtopk" and self.mask == "reference" else "")
+        """Short display name, e.g. ``gtopk``, ``gtopk[reference]`` or ``dense[backend_allreduce]``."""
+        if self.name == "gtopk" and self.mask == "reference":
+            return "gtopk[reference]"
+        if self.name == "dense" and self.collective == "backend_allreduce":
+            return "dense[backend_allreduce]"
+        return self.name
 
     def check_dim(self, d: int) -> None:
         """Raise SparsimError unless 1 <= k <= d (sparse algorithms)."""

@@ -544,9 +544,6 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
         if P > 1:
             transport.barrier()
     rows = rec.rows if rec is not None else None
-    if rows is not None and backend_allreduce:
-        for r in rows:
-            r["algorithm"] = f"dense[{BACKEND_ALLREDUCE}]"
     return WorkerResult(rank, v, rows, traj, busy, wall, steps)
 
 

@@ -47,7 +47,26 @@ def test_check_cli_prints_every_verdict_with_margin(run_dir):
     r = CliRunner().invoke(main, ["check", str(run_dir)])
     assert r.exit_code == 0
     assert "Corollary 2 [corrected]" in r.output and "Assumption 1" in r.output
-    assert "margin" in r.output
+    # one line per verdict, with its verdict word and margin
+    lines = r.output.splitlines()
+    for v in check_run(run_dir, write=False).verdicts:
+        line = [ln for ln in lines if ln.startswith(f"{v.algorithm:<18}{v.check:<44}")]
+        assert len(line) == 1, v.check
+        assert ("holds" if v.holds else "VIOLATED") in line[0] and f"{v.margin:>12.4g}" in line[0]
+
+
+def test_dense_with_the_backend_allreduce_gets_no_sparse_verdicts(run_dir, tmp_path):
+    import shutil
+
+    # a torch run with --backend-allreduce labels dense rows dense[backend_allreduce]
+    copy = tmp_path / "r"
+    shutil.copytree(run_dir, copy)
+    m = copy / "metrics.csv"
+    m.write_text("\n".join(ln.replace("dense,", "dense[backend_allreduce],", 1) if ln.startswith("dense,") else ln
+                           for ln in m.read_text().splitlines()) + "\n")
+    assert "dense[backend_allreduce]" in read_metrics(copy)
+    rep = check_run(copy, write=False)
+    assert {v.algorithm for v in rep.verdicts} == {"topk", "gtopk", "gtopk[reference]"}
 
 
 def test_check_bad_directory_exit_2(tmp_path):
