@@ -40,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from experiments.outdir import atomic_write_text  # noqa: E402
 from sim.algorithms import AlgorithmSpec  # noqa: E402
 from sim.compression import topk as np_topk  # noqa: E402
 from sim.data import shard_indices  # noqa: E402
@@ -190,9 +191,7 @@ def main(argv=None) -> int:
            f"{1e3 * r['comm_s']:.2f} | {1e3 * r['iter_time_s']:.2f} |" for r in its]
     for name, text in (("gpu_check.json", json.dumps({"environment": env, "select": sel, "iterations": its}, indent=1)),
                        ("gpu_check.md", "\n".join(md) + "\n")):
-        tmp = out / (name + ".tmp")  # written whole, then renamed: never half a file
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
+        atomic_write_text(out / name, text)
     print("\n".join(md))
     return 0
 

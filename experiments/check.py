@@ -23,13 +23,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sim.errors import ConfigError, SparsimError
 from theory.bounds import BOUNDS, condition18_D, optimal_eta, theorem1_on_schedule
+
+from .outdir import atomic_write_text
 
 __all__ = ["Verdict", "CheckReport", "check_run", "read_metrics"]
 
@@ -93,13 +93,6 @@ def read_metrics(run_dir: Path) -> dict[str, list[dict]]:
             row = {k: (r[k] if k == "algorithm" else _num(r[k])) for k in r}
             out.setdefault(r["algorithm"], []).append(row)
     return out
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def _constants(summary: dict, rows0: dict) -> dict:
@@ -240,6 +233,6 @@ def _figure(report, by_alg, run_dir, L, M, B, F, gamma, eta):
 
 def _finish(report: CheckReport, run_dir: Path, write: bool) -> CheckReport:
     if write:
-        _atomic_write(run_dir / "check.json", json.dumps(report.to_json(), indent=2, default=float))
-        _atomic_write(run_dir / "check.txt", report.render() + "\n")
+        atomic_write_text(run_dir / "check.json", json.dumps(report.to_json(), indent=2, default=float))
+        atomic_write_text(run_dir / "check.txt", report.render() + "\n")
     return report

@@ -38,8 +38,7 @@ import numpy as np
 
 from sim.errors import ConfigError
 
-from .outdir import check_out, partial_dir, publish
-from .outdir import save_figure, write_csv
+from .outdir import atomic_write_text, check_out, partial_dir, publish, save_figure, write_csv
 from .paper_common import cached_run
 from .sweep import map_jobs, resolve_jobs
 
@@ -145,7 +144,7 @@ def _fstar_job(ds: MemSGDData, path: str) -> dict:
     with threadpool_limits(1):
         info = estimate_fstar(_objective(ds))
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(info, indent=2))
+    atomic_write_text(p, json.dumps(info, indent=2))  # a resumed sweep reads it back: never half a file
     return info
 
 

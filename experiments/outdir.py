@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
 from sim.errors import ConfigError
 
-__all__ = ["MARKER", "check_out", "partial_dir", "publish", "write_csv", "csv_cell", "save_figure"]
+__all__ = ["MARKER", "check_out", "partial_dir", "publish", "write_csv", "csv_cell", "save_figure",
+           "atomic_write_text"]
 
 
 #: Written into every directory this project publishes; ``--force`` replaces only such directories.
@@ -93,3 +96,17 @@ def save_figure(fig, outdir: Path, stem: str) -> None:
     fig.savefig(Path(outdir) / f"{stem}.png", dpi=110)
     fig.savefig(Path(outdir) / f"{stem}.pdf")
     plt.close(fig)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename, so the
+    file is either absent, the old one, or complete -- never half written. Raises OSError."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
