@@ -90,11 +90,10 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, n
         dist_backend):
     """Run SCENARIO (a TOML file; default: the embedded default scenario) and write --out."""
     from .run import run_scenario
-    from .scenario import load_scenario
+    from .scenario import load_scenario, option_overrides
 
-    ov = list(overrides)
-    if algorithms is not None:
-        ov.append(f"algorithms={algorithms}")
+    ov = list(overrides) + option_overrides(algorithms=algorithms, timeout_s=timeout_s,
+                                            backend_allreduce=backend_allreduce, dist_backend=dist_backend)
     if nproc is not None:
         if backend != "torch":
             raise SparsimError("--nproc needs --backend torch")
@@ -105,12 +104,6 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, n
         if given and sc0.cluster.P != nproc:
             raise SparsimError(f"--nproc {nproc} differs from --set cluster.P={sc0.cluster.P}: they must be equal")
         ov.append(f"cluster.P={nproc}")
-    if timeout_s is not None:
-        ov.append(f"torch.timeout_s={timeout_s!r}")
-    if backend_allreduce:
-        ov.append("torch.backend_allreduce=true")
-    if dist_backend is not None:
-        ov.append(f'torch.dist_backend="{dist_backend}"')
     sc = load_scenario(scenario, ov)
     path = run_scenario(sc, out, force=force, progress=not quiet, backend=backend, nproc=nproc)
     if not quiet:

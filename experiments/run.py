@@ -25,7 +25,7 @@ import numpy as np
 from sim.algorithms import AlgorithmSpec
 from sim.compute import ComputeModel
 from sim.data import load_dataset, shard_indices
-from sim.errors import ConfigError, check_range
+from sim.errors import ConfigError
 from sim.network import NetworkSpec, get_preset
 from sim.objectives import make_objective
 from sim.runner import METRIC_COLUMNS, Workers, run_algorithm
@@ -226,10 +226,7 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
                 tmp = None  # keep DIR.partial/error.txt as the record of the failure
                 raise
             rows = results[0]
-            info = {"name": "torch", "dist_backend": dist_backend, "nproc": sc.cluster.P, "timeout_s": timeout_s,
-                    "stall_timeout_s": sc.torch.stall_timeout_s, "backend_allreduce": backend_allreduce, "torch": _torch_version(),
-                    "time_columns": "measured wall time per rank (s), averaged over ranks; sim_time_s = "
-                                    "running sum of the slowest rank's step time (iter_time_s)"}
+            info = torch_backend_info(sc, sc.cluster.P, launcher="sparsim run")
         write_run_directory(tmp, sc, built, rows, time.perf_counter() - t_wall, figure=figure, backend=info)
         publish(tmp, out)
     except BaseException:
@@ -237,6 +234,17 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def torch_backend_info(sc: Scenario, nproc: int, *, launcher: str) -> dict:
+    """The ``backend`` entry of a torch run's summary.json: the scenario's [torch] settings, the number
+    of processes, the launcher ("sparsim run" or "torchrun"), torch's version and what the time columns mean."""
+    t = sc.torch
+    return {"name": "torch", "launcher": launcher, "dist_backend": t.dist_backend, "nproc": nproc,
+            "timeout_s": t.timeout_s, "stall_timeout_s": t.stall_timeout_s, "backend_allreduce": t.backend_allreduce,
+            "torch": _torch_version(),
+            "time_columns": "measured wall time per rank (s), averaged over ranks; iter_time_s = the slowest rank's "
+                            "step time, sim_time_s = their running sum"}
 
 
 def _check_torch():

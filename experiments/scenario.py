@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sim.errors import ConfigError
 
-__all__ = ["Scenario", "load_scenario", "apply_overrides", "DEFAULT_SCENARIO_TEXT", "scenario_keys"]
+__all__ = ["Scenario", "load_scenario", "apply_overrides", "DEFAULT_SCENARIO_TEXT", "scenario_keys", "option_overrides"]
 
 
 class _Strict(BaseModel):
@@ -249,3 +249,18 @@ def scenario_keys() -> list[tuple[str, str, object, str, str]]:
 
     walk(Scenario, "")
     return rows
+
+
+def option_overrides(*, algorithms: str | None = None, timeout_s: float | None = None,
+                     backend_allreduce: bool = False, dist_backend: str | None = None) -> list[str]:
+    """The ``dotted.key=value`` overrides that command-line options stand for (``sparsim run`` and the
+    torchrun entry point): --algorithms, --timeout (torch.timeout_s), --backend-allreduce and
+    --dist-backend; an option left unset (None / False) adds nothing. Returns a list of strings."""
+    ov = [f"algorithms={algorithms}"] if algorithms is not None else []
+    if timeout_s is not None:
+        ov.append(f"torch.timeout_s={timeout_s!r}")
+    if backend_allreduce:
+        ov.append("torch.backend_allreduce=true")
+    if dist_backend is not None:
+        ov.append(f'torch.dist_backend="{dist_backend}"')
+    return ov

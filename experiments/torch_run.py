@@ -71,15 +71,11 @@ def main(argv=None) -> int:
         from sim.torch_backend import init_from_env
 
         from .outdir import check_out, partial_dir, publish
-        from .run import build, write_run_directory
-        from .scenario import load_scenario
+        from .run import build, torch_backend_info, write_run_directory
+        from .scenario import load_scenario, option_overrides
 
-        ov = list(a.overrides) + ([f"algorithms={a.algorithms}"] if a.algorithms else [])
-        ov += [f'torch.dist_backend="{a.dist_backend}"']
-        if a.timeout is not None:
-            ov.append(f"torch.timeout_s={a.timeout!r}")
-        if a.backend_allreduce:
-            ov.append("torch.backend_allreduce=true")
+        ov = list(a.overrides) + option_overrides(algorithms=a.algorithms or None, timeout_s=a.timeout,
+                                                  backend_allreduce=a.backend_allreduce, dist_backend=a.dist_backend)
         sc = load_scenario(a.scenario, ov)
         ctx = init_from_env(backend=sc.torch.dist_backend, timeout_s=sc.torch.timeout_s)
         if ctx.rank == 0:
@@ -90,9 +86,7 @@ def main(argv=None) -> int:
             out = Path(a.out)
             tmp = partial_dir(out)
             write_run_directory(tmp, sc, build(sc), rows, time.perf_counter() - t0,
-                                backend={"name": "torch", "dist_backend": sc.torch.dist_backend, "nproc": ctx.P,
-                                         "timeout_s": sc.torch.timeout_s, "backend_allreduce": sc.torch.backend_allreduce,
-                                         "launcher": "torchrun"})
+                                backend=torch_backend_info(sc, ctx.P, launcher="torchrun"))
             publish(tmp, out)
             print(f"wrote {out}/")
         dist.destroy_process_group()

@@ -473,3 +473,25 @@ def test_cli_calibrate_writes_both_fits_and_a_preset(tmp_path):
     assert r.exit_code == 2 and "exists" in r.stderr and out.read_text() == text
     r = CliRunner().invoke(main, ["calibrate", "--out", str(tmp_path / "x.toml"), "--busy-s", "-1"])
     assert r.exit_code == 2 and "--busy-s = -1.0 is out of range" in r.stderr
+
+
+def test_torchrun_entry_point_writes_the_same_run_directory(tmp_path):
+    """The several-machines path of the README, on one machine: torchrun --standalone, 2 ranks."""
+    import shutil
+    import subprocess
+    import sys
+
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    if torchrun is None:
+        pytest.skip("torchrun is not next to this Python: pip install 'sparsim[torch]'")
+    out = tmp_path / "tr"
+    r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "experiments.torch_run",
+                        "--out", str(out), "--set", "training.iterations=2", "--set", "cluster.P=2",
+                        "--dist-backend", "gloo", "--timeout", "60"],
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["backend"]["launcher"] == "torchrun" and s["backend"]["nproc"] == 2
+    assert s["backend"]["stall_timeout_s"] == 0.0 and s["resolved"]["P"] == 2
+    assert set(s["totals"]) == {"dense", "topk", "gtopk"}
+    assert (out / "metrics.csv").stat().st_size > 0 and not (tmp_path / "tr.partial").exists()
