@@ -43,10 +43,8 @@ def calibrate(nproc: int = 2, min_bytes: int = 1, max_bytes: int = 1 << 24, repe
     import torch
     from scipy.stats import trim_mean
 
-    from sim.errors import SparsimError
+    from sim.errors import SparsimError, check_range
     from sim.torch_backend import PATTERNS, fit_alpha_beta, launch_local, pingpong_job
-
-    from sim.errors import check_range
 
     if pattern not in PATTERNS:
         raise SparsimError(f"--pattern {pattern!r} is unknown: valid {', '.join(PATTERNS)}")

@@ -33,7 +33,6 @@ step and is not timed.
 from __future__ import annotations
 
 import dataclasses
-
 import datetime
 import math
 import os

@@ -220,14 +220,18 @@ def transport_job(ctx):
             got.append(tr.recv(0))
             tr.send(0, p)
         got.append(tr.sendrecv(peer, p, peer))
-    return payloads, got
+    return payloads, got, tr.wire_bytes, tr.eager_bytes
 
 
 def test_transport_moves_every_size_exactly():
-    (p0, g0), (p1, g1) = launch_local(2, transport_job, (), timeout_s=TIMEOUT)
+    (p0, g0, w0, eager), (p1, g1, w1, _) = launch_local(2, transport_job, (), timeout_s=TIMEOUT)
     for i, (a, b) in enumerate(zip(p0, p1)):
         assert _same(g0[2 * i], b) and _same(g0[2 * i + 1], b), i
         assert _same(g1[2 * i], a) and _same(g1[2 * i + 1], a), i
+    # wire bytes: each payload goes twice (send/recv, sendrecv) as one eager first message (length header
+    # + the start of the encoding) and, when the encoding does not fit, a second message with the rest
+    for payloads, wire in ((p0, w0), (p1, w1)):
+        assert wire == sum(2 * (eager + max(0, encode(p).shape[0] - (eager - 8))) for p in payloads)
 
 
 # ------------------------------------------------------------------------------------------ equivalence
