@@ -7,13 +7,13 @@ how many other draws happened, or on the machine.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import numpy as np
 
-from sim.errors import ConfigError, SparsimError, check_range
+from sim.errors import ConfigError, SparsimError, check_int, check_real
 from sim.ops import COMPUTE_KINDS
 
 __all__ = ["JITTERS", "ComputeModel"]
@@ -22,26 +22,12 @@ __all__ = ["JITTERS", "ComputeModel"]
 JITTERS = ("none", "lognormal", "exponential")
 
 
-def _check_real(name, value, lo=None, hi=None, *, lo_open=False, err=ConfigError) -> float:
-    """Check ``value`` is a finite real (not bool) in range; raise ``err`` naming it otherwise."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
-        left = "" if lo is None else f"{lo} {'<' if lo_open else '<='} "
-        right = "" if hi is None else f" <= {hi}"
-        raise err(f"{name} = {value!r} is out of range: valid finite real {left}{name}{right}")
-    try:
-        check_range(name, value, lo, hi, lo_open=lo_open)
-    except SparsimError as e:
-        if err is SparsimError:
-            raise
-        raise err(str(e)) from None
-    return float(value)
+_check_real = functools.partial(check_real, err=ConfigError)  # model parameters are configuration
 
 
 def _check_nonneg_int(name, value, err=SparsimError) -> int:
     """Check ``value`` is an integer (Python or numpy, not bool) >= 0; return it as int."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
-        raise err(f"{name} = {value!r} is out of range: valid integer 0 <= {name}")
-    return int(value)
+    return check_int(name, value, 0, err=err)
 
 
 @dataclass(frozen=True)

@@ -47,13 +47,8 @@ def _as_int(name: str, value, error=ConfigError) -> int:
 
 
 def _range(name: str, value, lo=None, hi=None, error=ConfigError):
-    """:func:`sim.errors.check_range`, re-raised as ``error`` (same one-line message)."""
-    try:
-        return check_range(name, value, lo, hi)
-    except SparsimError as exc:
-        if type(exc) is error:
-            raise
-        raise error(str(exc)) from None
+    """:func:`sim.errors.check_range` raising ``error``."""
+    return check_range(name, value, lo, hi, err=error)
 
 
 def check_finite(X, name: str) -> None:

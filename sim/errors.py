@@ -1,6 +1,9 @@
 """Errors the workbench raises for bad input. The CLI prints ``str(err)`` on one line and exits 2."""
 from __future__ import annotations
 
+import math
+from numbers import Integral, Real
+
 
 class SparsimError(ValueError):
     """Bad input or an invalid state that a user can fix: the message names the value and the valid range."""
@@ -18,8 +21,16 @@ class NonFiniteError(SparsimError):
     """A gradient, accumulator or parameter became NaN/Inf; the message names worker and iteration."""
 
 
-def check_range(name: str, value, lo=None, hi=None, *, lo_open: bool = False, hi_open: bool = False):
-    """Raise :class:`SparsimError` unless ``lo <(=) value <(=) hi``; returns ``value``.
+def range_text(name: str, lo=None, hi=None, lo_open: bool = False, hi_open: bool = False) -> str:
+    """The valid range of ``name`` as text, e.g. ``1 <= k <= 100`` or ``0 < alpha``."""
+    left = "" if lo is None else f"{lo} {'<' if lo_open else '<='} "
+    right = "" if hi is None else f" {'<' if hi_open else '<='} {hi}"
+    return f"{left}{name}{right}"
+
+
+def check_range(name: str, value, lo=None, hi=None, *, lo_open: bool = False, hi_open: bool = False,
+                err: type[SparsimError] = SparsimError):
+    """Raise ``err`` (default :class:`SparsimError`) unless ``lo <(=) value <(=) hi``; returns ``value``.
 
     The message names the value and the valid range, e.g. ``k = 0 is out of range: valid 1 <= k <= 100``.
     NaN and +-inf are always out of range (every quantity of this project is finite), as are bools.
@@ -35,7 +46,23 @@ def check_range(name: str, value, lo=None, hi=None, *, lo_open: bool = False, hi
     except TypeError:
         ok = False
     if not ok:
-        left = "" if lo is None else f"{lo} {'<' if lo_open else '<='} "
-        right = "" if hi is None else f" {'<' if hi_open else '<='} {hi}"
-        raise SparsimError(f"{name} = {value!r} is out of range: valid {left}{name}{right}")
+        raise err(f"{name} = {value!r} is out of range: valid {range_text(name, lo, hi, lo_open, hi_open)}")
     return value
+
+
+def check_real(name: str, value, lo=None, hi=None, *, lo_open: bool = False, hi_open: bool = False,
+               err: type[SparsimError] = SparsimError) -> float:
+    """:func:`check_range` for a finite real number (Python or numpy, not bool); returns it as float.
+    Raises ``err`` naming the value and the valid range, e.g. ``x = 'a' is out of range: valid finite real 0 <= x``."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+        raise err(f"{name} = {value!r} is out of range: valid finite real {range_text(name, lo, hi, lo_open, hi_open)}")
+    check_range(name, value, lo, hi, lo_open=lo_open, hi_open=hi_open, err=err)
+    return float(value)
+
+
+def check_int(name: str, value, lo=None, hi=None, *, err: type[SparsimError] = SparsimError) -> int:
+    """:func:`check_range` for an integer (Python or numpy, not bool) in ``[lo, hi]``; returns it as int.
+    Raises ``err`` naming the value and the valid range, e.g. ``P = 1.5 is out of range: valid integer 1 <= P``."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise err(f"{name} = {value!r} is out of range: valid integer {range_text(name, lo, hi, False, False)}")
+    return check_range(name, int(value), lo, hi, err=err)

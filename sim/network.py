@@ -20,15 +20,15 @@ Closed-form references: ``/work/shared/COSTS.md`` (Thakur, Rabenseifner and Grop
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from numbers import Integral, Real
 from typing import Hashable
 
 import numpy as np
 import simpy
 
-from sim.errors import ConfigError, SparsimError, check_range
+from sim.errors import ConfigError, SparsimError, check_int, check_real
 
 __all__ = [
     "TOPOLOGIES",
@@ -47,35 +47,8 @@ TOPOLOGIES = ("star", "ring", "direct")
 SWITCH = "switch"
 
 
-def _check_real(name: str, value, lo=None, hi=None, *, lo_open=False, hi_open=False, err=ConfigError):
-    """Check that ``value`` is a finite real number in range; raise ``err`` naming it otherwise."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
-        left = "" if lo is None else f"{lo} {'<' if lo_open else '<='} "
-        right = "" if hi is None else f" {'<' if hi_open else '<='} {hi}"
-        raise err(f"{name} = {value!r} is out of range: valid finite real {left}{name}{right}")
-    try:
-        check_range(name, value, lo, hi, lo_open=lo_open, hi_open=hi_open)
-    except SparsimError as e:
-        if err is SparsimError:
-            raise
-        raise err(str(e)) from None
-    return float(value)
-
-
-def _check_int(name: str, value, lo=None, hi=None, *, err=SparsimError) -> int:
-    """Check that ``value`` is an integer (Python or numpy, not bool) in ``[lo, hi]``; return it as int."""
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        left = "" if lo is None else f"{lo} <= "
-        right = "" if hi is None else f" <= {hi}"
-        raise err(f"{name} = {value!r} is out of range: valid integer {left}{name}{right}")
-    value = int(value)
-    try:
-        check_range(name, value, lo, hi)
-    except SparsimError as e:
-        if err is SparsimError:
-            raise
-        raise err(str(e)) from None
-    return value
+_check_real = functools.partial(check_real, err=ConfigError)  # link parameters are configuration
+_check_int = check_int
 
 
 def _floor_quanta(x: float) -> int:

@@ -32,7 +32,7 @@ import scipy.sparse as sp
 from scipy.special import expit
 
 from sim.data import Dataset, load_dataset
-from sim.errors import ConfigError, SparsimError
+from sim.errors import ConfigError, SparsimError, range_text
 
 __all__ = [
     "Objective",
@@ -96,9 +96,7 @@ def _float_param(name: str, value, lo=None, hi=None) -> float:
 
 
 def _range_msg(name, value, lo, hi) -> str:
-    left = "" if lo is None else f"{lo} <= "
-    right = "" if hi is None else f" <= {hi}"
-    return f"{name} = {value!r} is out of range: valid {left}{name}{right}"
+    return f"{name} = {value!r} is out of range: valid {range_text(name, lo, hi)}"
 
 
 def _lmax_gram(X) -> tuple[float, str, str]:
