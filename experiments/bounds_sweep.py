@@ -235,8 +235,7 @@ def run_sweep(out, *, quick: bool = False, force: bool = False, jobs: int | None
     """
     out = Path(out)
     check_out(out, force)
-    if scheduler is None:
-        resolve_jobs(jobs)
+    resolve_jobs(jobs, scheduler)  # checked (and the scheduler reached) before any output
     sp = plan(quick)
     tmp = partial_dir(out, fresh=False)  # finished runs of an interrupted sweep are reused
     (tmp / "runs").mkdir(exist_ok=True)

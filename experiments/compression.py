@@ -192,7 +192,7 @@ def run_compression(out, *, quick: bool = False, force: bool = False, jobs: int 
     """
     out = Path(out)
     check_out(out, force)
-    jobs = resolve_jobs(jobs) if scheduler is None else jobs  # with a Dask scheduler its workers decide
+    jobs = resolve_jobs(jobs, scheduler)  # checked (and the scheduler reached) before any output
     objs, T = plan(quick)
     tmp = partial_dir(out, fresh=False)
     args = [(o, k, T, str(tmp / "runs" / f"{o.name}_{'dense' if k is None else f'k{k}'}"))

@@ -152,7 +152,7 @@ def run_delta(out, *, quick: bool = False, force: bool = False, jobs: int | None
     """
     out = Path(out)
     check_out(out, force)
-    jobs = resolve_jobs(jobs) if scheduler is None else jobs  # with a Dask scheduler its workers decide
+    jobs = resolve_jobs(jobs, scheduler)  # checked (and the scheduler reached) before any output
     objs, T = plan(quick)
     tmp = partial_dir(out, fresh=False)
     args = [(o, alg, T, str(tmp / "runs" / f"{o.name}_{alg}")) for o in objs for alg in ALGORITHMS]

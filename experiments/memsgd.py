@@ -218,7 +218,7 @@ def run_memsgd(out, *, quick: bool = False, force: bool = False, jobs: int | Non
     """
     out = Path(out)
     check_out(out, force)
-    jobs = resolve_jobs(jobs) if scheduler is None else jobs  # with a Dask scheduler its workers decide
+    jobs = resolve_jobs(jobs, scheduler)  # checked (and the scheduler reached) before any output
     sets, schedules = plan(quick, libsvm)
     tmp = partial_dir(out, fresh=False)
     fjobs = [(ds, str(tmp / "runs" / f"{ds.name}_fstar.json")) for ds in sets]

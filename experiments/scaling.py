@@ -482,8 +482,7 @@ def run_scaling(out, *, quick: bool = False, force: bool = False, jobs: int | No
 
     out = Path(out)
     check_out(out, force)
-    if scheduler is None:
-        resolve_jobs(jobs)
+    resolve_jobs(jobs, scheduler)  # checked (and the scheduler reached) before any output
     sp = plan(quick)
     tmp = partial_dir(out, fresh=False)
     cdir = tmp / "cases"

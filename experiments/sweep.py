@@ -21,11 +21,17 @@ from sim.errors import ConfigError, SparsimError
 __all__ = ["map_jobs", "resolve_jobs"]
 
 
-def resolve_jobs(jobs: int | None) -> int:
-    """Number of local worker processes: ``jobs``, or ``os.cpu_count()`` when None.
+def resolve_jobs(jobs: int | None, scheduler: str | None = None) -> int | None:
+    """Number of local worker processes: ``jobs``, or ``os.cpu_count()`` when None. With a Dask
+    ``scheduler`` its workers decide: the scheduler is reached once (then let go) so that a bad address
+    fails here, before any output is prepared, and ``jobs`` is returned unchanged.
 
-    Raises ConfigError (one line naming --jobs) for jobs < 1 or a non-integer.
+    Raises ConfigError (one line naming --jobs) for jobs < 1 or a non-integer; SparsimError (one line)
+    when the scheduler is given and Dask is missing or the scheduler cannot be reached.
     """
+    if scheduler is not None:
+        _dask_client(scheduler).close()
+        return jobs
     if jobs is None:
         return os.cpu_count() or 1
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
@@ -41,7 +47,7 @@ def _dask_client(scheduler: str):
                            "pip install 'sparsim[experiments]'") from None
     try:
         return Client(scheduler, timeout=30)
-    except (OSError, TimeoutError) as err:
+    except (OSError, TimeoutError, ValueError) as err:  # ValueError: a malformed address
         raise SparsimError(f"--scheduler {scheduler!r}: cannot connect to the Dask scheduler ({err})") from None
 
 
@@ -67,16 +73,17 @@ def map_jobs(fn: Callable[..., Any], args_list: Sequence[tuple], *, jobs: int | 
         jobs = resolve_jobs(jobs)
     if n == 0:
         return []
-    bar = tqdm(total=n, desc=desc, unit="job", disable=not progress)
-    try:
-        if scheduler is not None:
-            with _dask_client(scheduler) as client:
-                from dask.distributed import as_completed as dask_completed
+    if scheduler is not None:
+        with _dask_client(scheduler) as client:  # connected before the progress bar appears
+            from dask.distributed import as_completed as dask_completed
 
+            with tqdm(total=n, desc=desc, unit="job", disable=not progress) as bar:
                 futs = client.map(fn, *zip(*args_list), pure=False)
                 for _ in dask_completed(futs):
                     bar.update(1)
                 return client.gather(futs)
+    bar = tqdm(total=n, desc=desc, unit="job", disable=not progress)
+    try:
         if jobs == 1 or n == 1:
             out = []
             for a in args_list:

@@ -49,3 +49,17 @@ def test_dask_scheduler_address():
     distributed = pytest.importorskip("dask.distributed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cl:
         assert map_jobs(_slow_square, ARGS, scheduler=cl.scheduler_address, progress=False) == WANT
+
+
+@pytest.mark.parametrize("address", ["garbage", "", "tcp://host:notaport"])
+def test_a_malformed_scheduler_is_one_error_before_any_output(tmp_path, address):
+    pytest.importorskip("dask.distributed")
+    from click.testing import CliRunner
+
+    from experiments.cli import main
+
+    out = tmp_path / "d"
+    r = CliRunner().invoke(main, ["experiment", "delta", "--quick", "--scheduler", address, "--out", str(out)])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and "cannot connect to the Dask scheduler" in lines[0], r.stderr
+    assert not out.exists() and not (tmp_path / "d.partial").exists()  # nothing prepared before the check
