@@ -95,8 +95,9 @@ def read_metrics(run_dir: Path) -> dict[str, list[dict]]:
     return out
 
 
-def _constants(summary: dict, rows0: dict) -> dict:
-    c = summary["resolved"]["constants"]
+def _constants(c: dict, f0: float) -> dict:
+    """L, M and f(x_0) - f* for the bounds, from the run's resolved constants ``c`` and its initial loss
+    ``f0``. Raises SparsimError naming the constant that is unknown for this objective."""
     L = c.get("L_f") if c.get("L_f", {}).get("value") is not None else c["L"]
     M = c["M"]
     fstar = c["f_star_lower"]
@@ -107,7 +108,6 @@ def _constants(summary: dict, rows0: dict) -> dict:
                            "with an analytic M (softmax, logistic with mu = 0, robust_regression)")
     if fstar.get("value") is None:
         raise SparsimError("no certified lower bound f* is known for this objective")
-    f0 = rows0["loss"]
     return {
         "L": {"value": float(L["value"]), "how": L["how"], "note": "smoothness of f"},
         "M": {"value": float(M["value"]), "how": M["how"], "note": "per-sample gradient-norm bound"},
@@ -131,10 +131,11 @@ def check_run(run_dir, *, write: bool = True) -> CheckReport:
         d, k, B = int(res["d"]), int(res["k"]), int(res["global_batch_B"])
         by_alg = read_metrics(run_dir)
         first = next(iter(by_alg.values()))
-        consts = _constants(summary, first[0])
+        c, f0 = summary["resolved"]["constants"], float(first[0]["loss"])
     except (ValueError, KeyError, TypeError, StopIteration, IndexError) as err:  # JSONDecodeError is a ValueError
         raise ConfigError(f"{str(run_dir)!r} is not a readable finished run directory: summary.json or metrics.csv "
                           f"is damaged ({type(err).__name__}: {err})") from None
+    consts = _constants(c, f0)  # an unknown constant is its own error, not damage
     report = CheckReport(str(run_dir), consts)
     L, M, F = (consts[x]["value"] for x in ("L", "M", "f0_minus_fstar"))
     gamma = 1.0 - k / d

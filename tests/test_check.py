@@ -72,3 +72,14 @@ def test_dense_with_the_backend_allreduce_gets_no_sparse_verdicts(run_dir, tmp_p
 def test_check_bad_directory_exit_2(tmp_path):
     r = CliRunner().invoke(main, ["check", str(tmp_path / "nope")])
     assert r.exit_code == 2 and "not a finished run directory" in r.stderr
+
+
+def test_unknown_gradient_bound_is_its_own_error_not_damage(tmp_path):
+    out = tmp_path / "sines"
+    r = CliRunner().invoke(main, ["run", "--out", str(out), "--quiet", "--set", "training.iterations=3",
+                                  "--set", 'data.objective="sines"', "--set", "data.d=50"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["check", str(out)])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.stderr
+    assert "gradient bound M is unknown" in lines[0] and "damaged" not in lines[0]
