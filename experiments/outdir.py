@@ -47,9 +47,14 @@ def check_out(out: Path, force: bool) -> None:
 
 def partial_dir(out: Path, *, fresh: bool = True) -> Path:
     """Create and return ``out.partial`` holding :data:`MARKER` (emptied first when ``fresh``; kept to resume
-    otherwise). Raises ConfigError naming the path when it cannot be created (permissions, read-only)."""
+    otherwise). Raises ConfigError naming the path when it cannot be created (permissions, read-only) or
+    when it exists, is not empty and was not written by sparsim (no :data:`MARKER`): it is never removed then."""
     out = Path(out)
     tmp = out.with_name(out.name + ".partial")
+    if tmp.is_dir() and any(tmp.iterdir()) and not (tmp / MARKER).exists():
+        raise ConfigError(f"{str(tmp)!r} exists and was not written by sparsim: move it away or choose another --out")
+    if tmp.exists() and not tmp.is_dir():
+        raise ConfigError(f"{str(tmp)!r} is an existing file: move it away or choose another --out")
     try:
         if fresh and tmp.exists():
             shutil.rmtree(tmp)

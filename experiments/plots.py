@@ -69,7 +69,8 @@ def run_figure(rows: list[dict], outdir: Path, title: str = "") -> list[Path]:
     ax[0, 2].set(ylabel="mean simulated time per iteration (ms)", title="where an iteration's time goes")
     for a in ax.flat:
         a.grid(alpha=0.3)
-        a.legend(fontsize=8)
+        if a.get_legend_handles_labels()[0]:  # a dense-only run has nothing to label in some panels
+            a.legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -136,6 +136,25 @@ def test_force_replaces_only_sparsim_directories(tmp_path):
     assert _run(["run", "--out", str(mine), "--force", *QUICK]).exit_code == 0
 
 
+def test_a_foreign_partial_directory_is_never_removed(tmp_path):
+    (tmp_path / "r.partial").mkdir()
+    (tmp_path / "r.partial" / "notes.txt").write_text("precious")
+    r = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "r"), *QUICK])
+    assert r.exit_code == 2 and "r.partial' exists and was not written by sparsim" in r.stderr
+    assert (tmp_path / "r.partial" / "notes.txt").read_text() == "precious" and not (tmp_path / "r").exists()
+
+
+def test_a_dense_only_run_and_its_check_print_no_warnings(tmp_path):
+    import warnings
+
+    out = tmp_path / "dense"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "No artists with labels" legend warning included
+        assert _run(["run", "--out", str(out), "--algorithms", "dense", *QUICK]).exit_code == 0
+        r = CliRunner().invoke(main, ["check", str(out)])
+    assert r.exit_code == 0 and r.stderr == "", r.stderr
+
+
 @pytest.mark.parametrize("where", ["file", "", "unwritable"])
 def test_unusable_out_is_a_one_line_error(tmp_path, where):
     if where == "file":
