@@ -298,7 +298,7 @@ def _experiment_options(name, quick_help):
             click.option("--force", is_flag=True, help="overwrite a non-empty output directory"),
             click.option("--jobs", type=int, default=None, help="parallel runs (default: all local cores)"),
             click.option("--scheduler", default=None, metavar="ADDRESS",
-                         help="run on a Dask cluster, e.g. tcp://host:8786 (needs sparsim[experiments]); "
+                         help="run on a Dask cluster, e.g. tcp://host:8786 (needs the experiments extra); "
                               "--out must be on a shared file system"),
             click.option("--quiet", is_flag=True, help="no progress bar"),
         ]):

@@ -1,7 +1,7 @@
 """The sweep engine of ``sparsim experiment``: run independent jobs on local cores or on a Dask cluster.
 
 No home-made scheduler: locally a :class:`concurrent.futures.ProcessPoolExecutor`, across machines
-Dask distributed (``pip install 'sparsim[experiments]'``), started by the user::
+Dask distributed (``pip install -e '.[experiments]' (in the clone)``), started by the user::
 
     dask-scheduler                          # on one machine; prints tcp://HOST:8786
     dask-worker tcp://HOST:8786             # on every machine (sparsim installed, same version)
@@ -44,7 +44,7 @@ def _dask_client(scheduler: str):
         from dask.distributed import Client
     except ImportError:
         raise SparsimError("--scheduler needs Dask distributed, which is not installed: "
-                           "pip install 'sparsim[experiments]'") from None
+                           "pip install -e '.[experiments]' (in the clone)") from None
     try:
         return Client(scheduler, timeout=30)
     except (OSError, TimeoutError, ValueError) as err:  # ValueError: a malformed address
@@ -63,7 +63,7 @@ def map_jobs(fn: Callable[..., Any], args_list: Sequence[tuple], *, jobs: int | 
 
     progress: a tqdm bar over completed jobs labelled ``desc``. An exception raised by a job is re-raised
     here. Raises ConfigError for jobs < 1, SparsimError when ``scheduler`` is given and Dask is not
-    installed (naming ``pip install 'sparsim[experiments]'``) or the scheduler cannot be reached.
+    installed (naming ``pip install -e '.[experiments]' (in the clone)``) or the scheduler cannot be reached.
     """
     from tqdm import tqdm
 

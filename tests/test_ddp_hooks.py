@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: pip install 'sparsim[torch]' (torch==2.13.0)")
+torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[torch]' (torch==2.13.0)")
 
 from sim.algorithms import AlgorithmSpec  # noqa: E402
 from sim.data import load_dataset, shard_indices  # noqa: E402

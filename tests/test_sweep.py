@@ -41,7 +41,7 @@ def test_missing_dask_is_one_clear_error(monkeypatch):
         return real_import(name, *a, **kw)
 
     monkeypatch.setattr(builtins, "__import__", no_dask)
-    with pytest.raises(SparsimError, match=r"pip install 'sparsim\[experiments\]'"):
+    with pytest.raises(SparsimError, match=r"pip install -e '\.\[experiments\]'"):
         map_jobs(_slow_square, ARGS, scheduler="tcp://127.0.0.1:1", progress=False)
 
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: pip install 'sparsim[torch]' (torch==2.13.0)")
+torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[torch]' (torch==2.13.0)")
 
 from click.testing import CliRunner  # noqa: E402
 
@@ -487,7 +487,7 @@ def test_torchrun_entry_point_writes_the_same_run_directory(tmp_path):
 
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     if torchrun is None:
-        pytest.skip("torchrun is not next to this Python: pip install 'sparsim[torch]'")
+        pytest.skip("torchrun is not next to this Python: pip install -e '.[torch]'")
     out = tmp_path / "tr"
     r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "experiments.torch_run",
                         "--out", str(out), "--set", "training.iterations=2", "--set", "cluster.P=2",
