@@ -614,6 +614,29 @@ class _RegularisedData(Objective):
     def _rows(self, idx):
         return self.X if idx is None else self.X[idx]
 
+    # subclasses give the data term: _data_loss(x, idx) (float) and _data_grad(x, idx) (float64 (d,)),
+    # means over the samples idx (None: all n)
+
+    def loss(self, x):
+        """f(x): mean data loss + regularisers; float."""
+        x = self._check_x(x)
+        return self._data_loss(x, None) + self._reg_val(x)
+
+    def batch_loss(self, x, idx):
+        """Mean of f_i(x) over ``idx``; float."""
+        x = self._check_x(x)
+        return self._data_loss(x, self._check_idx(idx)) + self._reg_val(x)
+
+    def full_grad(self, x):
+        """grad f(x), float64 ``(d,)``."""
+        x = self._check_x(x)
+        return self._data_grad(x, None) + self._reg_grad(x)
+
+    def batch_grad(self, x, idx):
+        """Mean over ``idx`` of grad f_i(x) (the data term's, see the class) + grad R(x); float64 ``(d,)``."""
+        x = self._check_x(x)
+        return self._data_grad(x, self._check_idx(idx)) + self._reg_grad(x)
+
     def _reg_val(self, x):
         v = 0.0
         if self.lam:
@@ -685,31 +708,14 @@ class LogisticObjective(_RegularisedData):
         return s, s * (self._rows(idx) @ x)
 
     def _data_grad(self, x, idx):
+        """Mean over idx of -s_i sigma(-s_i a_i^T x) a_i; float64 (d,)."""
         s, m = self._margins(x, idx)
         coef = -s * expit(-m) / m.shape[0]
         return np.asarray(self._rows(idx).T @ coef).ravel()
 
-    def loss(self, x):
-        """f(x): mean logistic loss + regularisers; float."""
-        x = self._check_x(x)
-        return float(np.mean(np.logaddexp(0.0, -self._margins(x, None)[1]))) + self._reg_val(x)
-
-    def batch_loss(self, x, idx):
-        """Mean of f_i(x) over ``idx``; float."""
-        x = self._check_x(x)
-        idx = self._check_idx(idx)
-        return float(np.mean(np.logaddexp(0.0, -self._margins(x, idx)[1]))) + self._reg_val(x)
-
-    def full_grad(self, x):
-        """grad f(x), float64 ``(d,)``."""
-        x = self._check_x(x)
-        return self._data_grad(x, None) + self._reg_grad(x)
-
-    def batch_grad(self, x, idx):
-        """Mean over ``idx`` of grad f_i(x) = -s_i sigma(-s_i a_i^T x) a_i + grad R(x); float64 ``(d,)``."""
-        x = self._check_x(x)
-        idx = self._check_idx(idx)
-        return self._data_grad(x, idx) + self._reg_grad(x)
+    def _data_loss(self, x, idx):
+        """Mean logistic loss log(1 + exp(-s_i a_i^T x)) over idx; float."""
+        return float(np.mean(np.logaddexp(0.0, -self._margins(x, idx)[1])))
 
     def sample_grad_norms(self, x):
         """||c_i a_i + r|| via c_i^2 ||a_i||^2 + 2 c_i <a_i, r> + ||r||^2; float64 ``(n,)``."""
@@ -776,7 +782,8 @@ class SoftmaxObjective(_RegularisedData):
         mx = Z.max(axis=1)
         return mx + np.log(np.sum(np.exp(Z - mx[:, None]), axis=1))
 
-    def _ce(self, x, idx):
+    def _data_loss(self, x, idx):
+        """Mean cross-entropy over idx; float."""
         Z = self._scores(x, idx)
         y = self.y if idx is None else self.y[idx]
         return float(np.mean(self._lse(Z) - Z[np.arange(Z.shape[0]), y]))
@@ -791,29 +798,11 @@ class SoftmaxObjective(_RegularisedData):
         return P
 
     def _data_grad(self, x, idx):
+        """Mean over idx of (p_i - e_{y_i}) (x) a_i, class-major flattening of a C x p matrix; float64 (d,)."""
         R = self._resid(x, idx)
         G = np.asarray(self._rows(idx).T @ R)  # (p, C)
         return np.ascontiguousarray(G.T).ravel() / R.shape[0]
 
-    def loss(self, x):
-        """f(x): mean cross-entropy + regularisers; float."""
-        x = self._check_x(x)
-        return self._ce(x, None) + self._reg_val(x)
-
-    def batch_loss(self, x, idx):
-        """Mean of f_i(x) over ``idx``; float."""
-        x = self._check_x(x)
-        return self._ce(x, self._check_idx(idx)) + self._reg_val(x)
-
-    def full_grad(self, x):
-        """grad f(x), float64 ``(d,)`` (class-major flattening of a C x p matrix)."""
-        x = self._check_x(x)
-        return self._data_grad(x, None) + self._reg_grad(x)
-
-    def batch_grad(self, x, idx):
-        """Mean over ``idx`` of (p_i - e_{y_i}) (x) a_i + grad R(x); float64 ``(d,)``."""
-        x = self._check_x(x)
-        return self._data_grad(x, self._check_idx(idx)) + self._reg_grad(x)
 
     def sample_grad_norms(self, x):
         """||q_i (x) a_i + r|| via ||q_i||^2 ||a_i||^2 + 2 q_i^T Rm a_i + ||r||^2; float64 ``(n,)``."""
