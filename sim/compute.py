@@ -93,6 +93,8 @@ class ComputeModel:
         """
         rank = _check_nonneg_int("rank", rank)
         iteration = _check_nonneg_int("iteration", iteration)
+        if self.jitter == "none" and self.straggler_prob == 0.0:
+            return 1.0  # no randomness configured; a draw depends only on its own key, so none is skipped
         rng = np.random.default_rng([self.seed, rank, iteration])
         u = rng.random()
         z = rng.standard_normal()
