@@ -50,10 +50,12 @@ def tune_malloc() -> str:
 
 
 def median(xs) -> float:
+    """Median of a non-empty sequence of numbers, as float (statistics.median); raises StatisticsError if empty."""
     return float(statistics.median(xs))
 
 
 def fmt(x, spec: str = ".3g") -> str:
+    """Table cell text: "" for None, "nan" for NaN, floats with ``spec``, anything else with str()."""
     if x is None:
         return ""
     if isinstance(x, float):
@@ -92,6 +94,7 @@ def write_csv(path: str | os.PathLike, header: list[str], rows: list[list]) -> P
 
 
 def environment_line() -> str:
+    """One line for benchmark reports: Python, numpy and simpy versions, CPU count, load average, OPENBLAS_NUM_THREADS."""
     return (f"python {platform.python_version()}, numpy {np.__version__}, simpy {simpy.__version__}, "
             f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, "
             f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")

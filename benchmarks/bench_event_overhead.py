@@ -85,6 +85,7 @@ ALGOS = {
 
 
 def parse_args(argv=None):
+    """The command-line options (see --help); argv: list of strings, default sys.argv[1:]."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--P", type=int, default=16, help="workers (default 16)")
@@ -134,6 +135,7 @@ def one_run(spec, workers, x0, args, driver):
 
 
 def same_numbers(rows_a, rows_b) -> bool:
+    """Whether two runs' metrics rows (lists of dicts) hold the same numbers, NaN equal to NaN."""
     if len(rows_a) != len(rows_b):
         return False
     for ra, rb in zip(rows_a, rows_b):
@@ -198,6 +200,7 @@ def isolate(args, names, lock_cpu_big):
 
 
 def main(argv=None):
+    """Run the benchmark with the options of :func:`parse_args` and print its Markdown report."""
     args = parse_args(argv)
     note = "malloc tuning: off" if args.no_malloc_tuning else tune_malloc()
     names = [a.strip() for a in args.algorithms.split(",") if a.strip()]

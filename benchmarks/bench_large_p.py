@@ -74,6 +74,7 @@ ALGOS = {
 
 
 def parse_args(argv=None):
+    """The command-line options (see --help); argv: list of strings, default sys.argv[1:]."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--P", default="64,256,1024", help="comma list of worker counts (default 64,256,1024)")
@@ -113,6 +114,7 @@ def one_run(spec, workers, x0, T, args, driver="simpy"):
 
 
 def main(argv=None):
+    """Run the benchmark with the options of :func:`parse_args` and print its Markdown report."""
     args = parse_args(argv)
     note = "malloc tuning: off" if args.no_malloc_tuning else tune_malloc()
     Ps = [int(x) for x in args.P.split(",") if x.strip()]
