@@ -59,8 +59,11 @@ def test_resume_reuses_finished_cases(tmp_path):
     from experiments.scaling import run_scaling, simulate_case
 
     out = tmp_path / "s"
+    from experiments.outdir import MARKER
+
     cases = tmp_path / "s.partial" / "cases"
     cases.mkdir(parents=True)
+    (tmp_path / "s.partial" / MARKER).write_text("")  # as partial_dir leaves it: an interrupted sparsim run
     row = {**simulate_case("ResNet-50", "dense", 4), "marker": "reused"}
     (cases / "ResNet-50_dense_P4_it1.json").write_text(json.dumps(row))
     run_scaling(out, quick=True, jobs=1, progress=False)
