@@ -32,10 +32,10 @@ __all__ = ["AlgorithmSpec", "StepOutput", "sgd_step", "ALGORITHMS", "COLLECTIVES
 
 #: Algorithm names and the collectives each may use (the first is the default).
 COLLECTIVES = {
-    "dense": ("ring", "recursive_doubling", "backend_allreduce"),
-    "topk": ("allgather",),
-    "gtopk": ("tree", "recursive_doubling"),
-    "randk": ("allgather",),
+    "dense": ("ring", "recursive_doubling", "backend_allreduce", "hierarchical"),
+    "topk": ("allgather", "hierarchical"),
+    "gtopk": ("tree", "recursive_doubling", "hierarchical"),
+    "randk": ("allgather", "hierarchical"),
 }
 ALGORITHMS = tuple(COLLECTIVES)
 #: Stream tag appended to ``[seed, rank, iteration]`` for the rand-k coordinate draw ("RAND" in ASCII).
@@ -52,6 +52,9 @@ class AlgorithmSpec:
     mask: gTop-k only, "exact" (gMask_p = entries that reached g) or "reference" (the released code's
     final-support AND local-top-k rule, which can lose mass). value_bytes, index_bytes: bytes per
     transmitted value / index (default 4 + 4: fp32 values, int32 indices).
+    gpus_per_node: ranks per node G (integer >= 1) for the ``"hierarchical"`` collectives
+    (:func:`sim.collectives.hier_allreduce`, :func:`~sim.collectives.hier_topk_allgather_sum`,
+    :func:`~sim.collectives.hier_gtopk`); it must divide P. Ignored by the flat collectives.
     seed: randk only, seeds the coordinate draw: worker p at iteration t selects with
     ``np.random.default_rng([seed, p, t, RANDK_STREAM])`` (the extra constant keeps the draw independent
     of the mini-batch draw, which uses ``[seed, p, t]``), so a run is reproducible for a given seed.
@@ -65,6 +68,7 @@ class AlgorithmSpec:
     value_bytes: int = 4
     index_bytes: int = 4
     seed: int = 0
+    gpus_per_node: int = 1
 
     def __post_init__(self):
         if self.name not in COLLECTIVES:
@@ -79,6 +83,7 @@ class AlgorithmSpec:
         check_range("value_bytes", self.value_bytes, 1, 16)
         check_range("index_bytes", self.index_bytes, 0, 16)
         check_range("seed", self.seed, 0)
+        check_range("gpus_per_node", self.gpus_per_node, 1)
         if self.name != "dense" and self.k is None:
             raise ConfigError(f"{self.name} needs k (1 <= k <= d)")
 
@@ -149,6 +154,8 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
     if spec.name == "dense":
         if spec.collective == "ring":
             g = yield from C.ring_allreduce(rank, P, acc, vb)
+        elif spec.collective == "hierarchical":
+            g = yield from C.hier_allreduce(rank, P, spec.gpus_per_node, acc, vb)
         elif spec.collective == "backend_allreduce":  # torch backend only: dist.all_reduce
             g = yield AllReduce(acc, d * vb)
         else:
@@ -163,12 +170,14 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
             sel = topk(acc, spec.k)
         new_res = acc.copy()
         if spec.name in ("topk", "randk"):
-            g = yield from C.topk_allgather_sum(rank, P, sel, vb, ib)
+            if spec.collective == "hierarchical":
+                g = yield from C.hier_topk_allgather_sum(rank, P, spec.gpus_per_node, sel, vb, ib)
+            else:
+                g = yield from C.topk_allgather_sum(rank, P, sel, vb, ib)
             new_res[sel.idx] = 0.0
             n_sel = n_app = len(sel)
         else:
-            coll = C.gtopk_tree if spec.collective == "tree" else C.gtopk_rd
-            res = yield from coll(rank, P, sel, spec.k, exact=spec.mask == "exact", value_bytes=vb, index_bytes=ib)
+            res = yield from _gtopk_collective(spec, rank, P, sel)
             g = res.g.to_dense()
             # res.applied already follows the mask rule: exact (what reached g) or the released
             # reference code's (every local top-k entry whose index is in g)
@@ -177,3 +186,12 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
     yield Compute("update", d)
     v_new = v - g / P
     return StepOutput(v_new, new_res, acc, grad, g, n_sel, n_app)
+
+
+def _gtopk_collective(spec: AlgorithmSpec, rank: int, P: int, sel: Sparse):
+    """The gTop-k collective ``spec.collective`` (tree, recursive_doubling or hierarchical) on ``sel``."""
+    kw = dict(exact=spec.mask == "exact", value_bytes=spec.value_bytes, index_bytes=spec.index_bytes)
+    if spec.collective == "hierarchical":
+        return (yield from C.hier_gtopk(rank, P, spec.gpus_per_node, sel, spec.k, **kw))
+    coll = C.gtopk_tree if spec.collective == "tree" else C.gtopk_rd
+    return (yield from coll(rank, P, sel, spec.k, **kw))

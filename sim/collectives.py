@@ -31,6 +31,15 @@ __all__ = [
     "GTopKResult",
     "pof2_split",
     "mask_nbytes",
+    "hier_allreduce",
+    "hier_topk_allgather_sum",
+    "hier_allgather",
+    "hier_gtopk",
+    "ring_schedule",
+    "rd_schedule",
+    "bruck_schedule",
+    "binomial_reduce_schedule",
+    "binomial_bcast_schedule",
 ]
 
 
@@ -45,14 +54,110 @@ def mask_nbytes(m: int) -> int:
     return (int(m) + 7) // 8
 
 
-def _rd_newrank(rank: int, rem: int) -> int:
+# ----------------------------------------------------------------------------- communication patterns
+#
+# Who sends to whom, written once. Each schedule below is a generator over the rounds of one pattern; a
+# round says, per rank, whom it sends to (``dst``, -1 for nobody) and whom it receives from (``src``,
+# -1 for nobody). ``rank`` is either one rank (a Python int: the per-rank programs below iterate it) or an
+# int64 array of ranks (the vectorised fast engine, :mod:`sim.fastsim`, evaluates a whole round for every
+# rank at once). The arithmetic is written with operators that mean the same on both, and
+# :func:`_where` / :func:`_not` for the branches.
+
+
+def _where(cond, a, b):
+    """``a if cond else b`` for a Python bool, ``np.where(cond, a, b)`` for arrays."""
+    if isinstance(cond, (bool, np.bool_)):
+        return a if cond else b
+    return np.where(cond, a, b)
+
+
+def _not(cond):
+    """Logical not of a Python bool or a bool array."""
+    if isinstance(cond, (bool, np.bool_)):
+        return not cond
+    return ~cond
+
+
+def _rd_newrank(rank, rem: int):
     """Rank among the pof2 survivors of MPICH's fold (odd ranks < 2*rem hold their even partner's data)."""
-    return rank // 2 if rank < 2 * rem else rank - rem
+    return _where(rank < 2 * rem, rank // 2, rank - rem)
 
 
-def _rd_real(newrank: int, rem: int) -> int:
+def _rd_real(newrank, rem: int):
     """Inverse of :func:`_rd_newrank`: the real rank behind a survivor's new rank."""
-    return 2 * newrank + 1 if newrank < rem else newrank + rem
+    return _where(newrank < rem, 2 * newrank + 1, newrank + rem)
+
+
+def ring_schedule(rank, P: int):
+    """Ring allreduce pattern (Patarasuk and Yuan 2009): 2(P-1) rounds of
+    ``(dst, src, send_chunk, recv_chunk, reduce)``: every rank sends chunk ``send_chunk`` to rank + 1 and
+    receives chunk ``recv_chunk`` from rank - 1 (mod P); ``reduce`` is True in the P-1 reduce-scatter rounds
+    (the received chunk is added) and False in the P-1 allgather rounds (it is copied). After the
+    reduce-scatter, rank r owns the full sum of chunk (r + 1) % P. No rounds for P = 1."""
+    right, left = (rank + 1) % P, (rank - 1) % P
+    for s in range(P - 1):
+        yield right, left, (rank - s) % P, (rank - s - 1) % P, True
+    for s in range(P - 1):
+        yield right, left, (rank + 1 - s) % P, (rank - s) % P, False
+
+
+def rd_schedule(rank, P: int):
+    """Recursive-doubling pattern with MPICH's fold for P not a power of two: rounds of
+    ``(phase, dst, src)``, phase "fold" (even ranks < 2*rem send to rank + 1), "exchange" (lg pof2 rounds,
+    the pof2 survivors swap with partner newrank ^ mask) and "unfold" (odd ranks < 2*rem send the result
+    back to rank - 1). Fold and unfold rounds exist only when rem > 0."""
+    pof2, rem = pof2_split(P)
+    folded = rank < 2 * rem
+    even = folded & (rank % 2 == 0)
+    odd = folded & (rank % 2 == 1)
+    none = _where(folded, -1, -1)
+    if rem:
+        yield "fold", _where(even, rank + 1, -1), _where(odd, rank - 1, -1)
+    newrank = _rd_newrank(rank, rem)
+    active = _not(even)
+    mask = 1
+    while mask < pof2:
+        partner = _where(active, _rd_real(newrank ^ mask, rem), none)
+        yield "exchange", partner, partner
+        mask <<= 1
+    if rem:
+        yield "unfold", _where(odd, rank - 1, -1), _where(even, rank + 1, -1)
+
+
+def bruck_schedule(rank, P: int):
+    """Bruck allgather pattern (Bruck et al. 1997): ceil(lg P) rounds of ``(dst, src, count)``; in round i
+    (dist = 2^i) every rank sends its first ``count = min(dist, P - dist)`` blocks to rank - dist and
+    receives as many from rank + dist (mod P)."""
+    dist = 1
+    while dist < P:
+        yield (rank - dist) % P, (rank + dist) % P, min(dist, P - dist)
+        dist <<= 1
+
+
+def binomial_reduce_schedule(rank, P: int):
+    """Binomial-tree reduce to rank 0: rounds of ``(mask, dst, src)`` for mask = 1, 2, 4, ... < P. A rank
+    whose lowest set bit is ``mask`` sends to rank - mask (and is done); a rank with no bit below 2*mask
+    receives from rank + mask if that rank exists."""
+    mask = 1
+    while mask < P:
+        low = (rank & (mask - 1)) == 0
+        send = low & ((rank & mask) != 0)
+        recv = low & ((rank & mask) == 0) & (rank + mask < P)
+        yield mask, _where(send, rank - mask, -1), _where(recv, rank + mask, -1)
+        mask <<= 1
+
+
+def binomial_bcast_schedule(rank, P: int):
+    """Binomial-tree broadcast from rank 0, the reduce tree run backwards: rounds of ``(mask, dst, src)`` for
+    mask = the largest power of two < P down to 1. A rank whose lowest set bit is ``mask`` receives from
+    rank - mask; a rank with no bit below 2*mask sends to rank + mask if that rank exists."""
+    mask = 1 << max(0, (P - 1).bit_length() - 1) if P > 1 else 0
+    while mask >= 1:
+        low = (rank & (2 * mask - 1))
+        send = (low == 0) & (rank + mask < P)
+        recv = low == mask
+        yield mask, _where(send, rank + mask, -1), _where(recv, rank - mask, -1)
+        mask >>= 1
 
 
 # ----------------------------------------------------------------------------- dense allreduce
@@ -71,29 +176,27 @@ def ring_allreduce(rank: int, P: int, x: np.ndarray, value_bytes: int = 4):
     buf = np.array(x, copy=True)
     if P == 1:
         return buf
-    d = buf.shape[0]
+    return (yield from _ring_steps(buf, _chunk_bounds(buf.shape[0], P), ring_schedule(rank, P), lambda p: p, value_bytes))
+
+
+def _chunk_bounds(d: int, P: int) -> np.ndarray:
+    """Bounds of ``np.array_split(range(d), P)``: int64 array (P + 1,)."""
     sizes = [d // P + (1 if i < d % P else 0) for i in range(P)]
-    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    right, left = (rank + 1) % P, (rank - 1) % P
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
-    def chunk(c):
-        return slice(bounds[c], bounds[c + 1])
 
-    # reduce-scatter: after P-1 steps rank r owns the full sum of chunk (r + 1) % P
-    for s in range(P - 1):
-        send_c = (rank - s) % P
-        recv_c = (rank - s - 1) % P
-        data = buf[chunk(send_c)].copy()
-        got = yield SendRecv(right, data, data.shape[0] * value_bytes, left)
-        yield Compute("reduce", got.shape[0])
-        buf[chunk(recv_c)] = got + buf[chunk(recv_c)]
-    # allgather of the reduced chunks
-    for s in range(P - 1):
-        send_c = (rank + 1 - s) % P
-        recv_c = (rank - s) % P
-        data = buf[chunk(send_c)].copy()
-        got = yield SendRecv(right, data, data.shape[0] * value_bytes, left)
-        buf[chunk(recv_c)] = got
+def _ring_steps(buf: np.ndarray, bounds: np.ndarray, steps, to_rank, value_bytes: int):
+    """Run ring steps (from :func:`ring_schedule`, whose peers are positions in a group mapped to ranks by
+    ``to_rank``) on ``buf`` in place, chunk c being ``buf[bounds[c]:bounds[c + 1]]``; returns buf."""
+    for dst, src, send_c, recv_c, reduce in steps:
+        data = buf[bounds[send_c]:bounds[send_c + 1]].copy()
+        got = yield SendRecv(to_rank(dst), data, data.shape[0] * value_bytes, to_rank(src))
+        rc = slice(bounds[recv_c], bounds[recv_c + 1])
+        if reduce:
+            yield Compute("reduce", got.shape[0])
+            buf[rc] = got + buf[rc]
+        else:
+            buf[rc] = got
     return buf
 
 
@@ -109,24 +212,23 @@ def rd_allreduce(rank: int, P: int, x: np.ndarray, value_bytes: int = 4):
     """
     buf = np.array(x, copy=True)
     n = buf.shape[0] * value_bytes
-    pof2, rem = pof2_split(P)
-    if rank < 2 * rem:
-        if rank % 2 == 0:
-            yield Send(rank + 1, buf, n)
-            return (yield Recv(rank + 1))
-        got = yield Recv(rank - 1)
-        yield Compute("reduce", buf.shape[0])
-        buf = got + buf  # lower rank first
-    newrank = _rd_newrank(rank, rem)
-    mask = 1
-    while mask < pof2:
-        partner = _rd_real(newrank ^ mask, rem)
-        got = yield SendRecv(partner, buf, n, partner)
-        yield Compute("reduce", buf.shape[0])
-        buf = (buf + got) if rank < partner else (got + buf)
-        mask <<= 1
-    if rank < 2 * rem:
-        yield Send(rank - 1, buf, n)
+    for phase, dst, src in rd_schedule(rank, P):
+        if phase == "fold":
+            if dst >= 0:
+                yield Send(dst, buf, n)
+            elif src >= 0:
+                got = yield Recv(src)
+                yield Compute("reduce", buf.shape[0])
+                buf = got + buf  # lower rank first
+        elif phase == "exchange":
+            if dst >= 0:
+                got = yield SendRecv(dst, buf, n, src)
+                yield Compute("reduce", buf.shape[0])
+                buf = (buf + got) if rank < dst else (got + buf)
+        elif dst >= 0:  # unfold: the result back to the folded rank
+            yield Send(dst, buf, n)
+        elif src >= 0:
+            buf = yield Recv(src)
     return buf
 
 
@@ -142,16 +244,22 @@ def bruck_allgather(rank: int, P: int, item, nbytes_of):
     rank - 2^i and receives as many from rank + 2^i (mod P). Cost with equal blocks of m bytes:
     ceil(lg P) alpha + (P-1) m beta; = lg P alpha + (P-1) m beta for P = 2^m (recursive doubling).
     """
+    return (yield from _bruck(rank, P, _ident, item, nbytes_of))
+
+
+def _ident(p):
+    return p
+
+
+def _bruck(pos: int, n: int, to_rank, item, nbytes_of):
+    """Bruck allgather among the n members of a group (position ``pos``; peers mapped by ``to_rank``)."""
     blocks = [item]
-    dist = 1
-    while dist < P:
-        cnt = min(dist, P - dist)
+    for dst, src, cnt in bruck_schedule(pos, n):
         out = blocks[:cnt]
-        got = yield SendRecv((rank - dist) % P, out, sum(nbytes_of(b) for b in out), (rank + dist) % P)
+        got = yield SendRecv(to_rank(dst), out, sum(nbytes_of(b) for b in out), to_rank(src))
         blocks.extend(got)
-        dist <<= 1
-    # blocks[j] came from rank (rank + j) % P
-    return [blocks[(r - rank) % P] for r in range(P)]
+    # blocks[j] came from position (pos + j) % n
+    return [blocks[(r - pos) % n] for r in range(n)]
 
 
 def topk_allgather_sum(rank: int, P: int, sel: Sparse, value_bytes: int = 4, index_bytes: int = 4):
@@ -163,6 +271,11 @@ def topk_allgather_sum(rank: int, P: int, sel: Sparse, value_bytes: int = 4, ind
     allgather). Every local selection is applied, so residual_p = acc_p - TopK(acc_p).
     """
     blocks = yield from bruck_allgather(rank, P, sel, lambda s_: s_.nbytes(value_bytes, index_bytes))
+    return (yield from _sum_in_rank_order(sel, blocks))
+
+
+def _sum_in_rank_order(sel: Sparse, blocks: list):
+    """Dense sum of P selections (``blocks[r]`` = rank r's), added in rank order; costed as one reduce."""
     g = np.zeros(sel.d, dtype=sel.val.dtype if len(sel) else np.float64)
     yield Compute("reduce", sum(len(b) for b in blocks))
     for b in blocks:
@@ -242,33 +355,46 @@ def gtopk_tree(rank: int, P: int, sel: Sparse, k: int, *, exact: bool = True,
     """
     s_el = value_bytes + index_bytes
     track = _Tracker(sel)
-    cur = sel
-    children: list[tuple[int, Sparse]] = []
-    parent = None
-    mask = 1
-    while mask < P:
-        if rank & mask:
-            parent = rank - mask
-            yield Send(parent, cur, len(cur) * s_el)
-            break
-        if rank + mask < P:
-            got = yield Recv(rank + mask)
-            track.absorb(rank + mask, got)
-            cur = yield from _merge(cur, got, k)
-            track.survive(cur.idx)
-            children.append((rank + mask, got))
-        mask <<= 1
-    if parent is None:
-        g = cur
-    else:
-        g, bits = yield Recv(parent)
-        if exact:
-            track.survive_sent(cur.idx, bits)
-    for child, got in reversed(children):
-        bits = track.bits_for(child) if exact else None
-        yield Send(child, (g, bits), len(g) * s_el + (mask_nbytes(len(got)) if exact else 0))
+    cur, children = yield from _gtopk_reduce(rank, P, _ident, track, sel, k, s_el)
+    g = yield from _gtopk_bcast(rank, P, _ident, track, cur, cur, children, exact, s_el)
     applied = track.bits_for("own") if exact else _reference_mask(sel, g)
     return GTopKResult(g, applied)
+
+
+def _gtopk_reduce(pos: int, n: int, to_rank, track: _Tracker, cur: Sparse, k: int, s_el: int):
+    """gTop-k binomial reduce to position 0 of a group: merge what children send, send the running vector
+    to the parent. Returns (cur, children): the vector this member holds last (the one it sent, or the
+    group's result at the root) and [(child rank, what it sent)] in the order received."""
+    children: list[tuple[int, Sparse]] = []
+    for _, dst, src in binomial_reduce_schedule(pos, n):
+        if dst >= 0:
+            yield Send(to_rank(dst), cur, len(cur) * s_el)
+        elif src >= 0:
+            who = to_rank(src)
+            got = yield Recv(who)
+            track.absorb(who, got)
+            cur = yield from _merge(cur, got, k)
+            track.survive(cur.idx)
+            children.append((who, got))
+    return cur, children
+
+
+def _gtopk_bcast(pos: int, n: int, to_rank, track: _Tracker, g: Sparse, sent: Sparse, children, exact: bool,
+                 s_el: int):
+    """Broadcast the result g from position 0 down the binomial tree, each parent sending a child g plus
+    (exact mask) the survival bits of what that child sent (ceil(m/8) bytes). ``sent``: what this member sent
+    to its parent in :func:`_gtopk_reduce`. Returns g."""
+    got_of = dict(children)
+    for _, dst, src in binomial_bcast_schedule(pos, n):
+        if src >= 0:
+            g, bits = yield Recv(to_rank(src))
+            if exact:
+                track.survive_sent(sent.idx, bits)
+        if dst >= 0:
+            child = to_rank(dst)
+            bits = track.bits_for(child) if exact else None
+            yield Send(child, (g, bits), len(g) * s_el + (mask_nbytes(len(got_of[child])) if exact else 0))
+    return g
 
 
 def gtopk_rd(rank: int, P: int, sel: Sparse, k: int, *, exact: bool = True,
@@ -286,30 +412,159 @@ def gtopk_rd(rank: int, P: int, sel: Sparse, k: int, *, exact: bool = True,
     (alpha + k s beta) + (alpha + (k s + b) beta) with b = ceil(k/8) (exact) or 0 (reference).
     """
     s_el = value_bytes + index_bytes
-    pof2, rem = pof2_split(P)
-    if rank < 2 * rem and rank % 2 == 0:
-        yield Send(rank + 1, sel, len(sel) * s_el)
-        g, bits = yield Recv(rank + 1)
-        applied = bits if exact else _reference_mask(sel, g)
-        return GTopKResult(g, applied)
     track = _Tracker(sel)
-    cur = sel
-    folded = None
-    if rank < 2 * rem:
-        folded = yield Recv(rank - 1)
-        track.absorb(rank - 1, folded)
-        cur = yield from _merge(cur, folded, k)
-        track.survive(cur.idx)
-    newrank = _rd_newrank(rank, rem)
-    mask = 1
-    while mask < pof2:
-        partner = _rd_real(newrank ^ mask, rem)
-        got = yield SendRecv(partner, cur, len(cur) * s_el, partner)
-        cur = yield from _merge(cur, got, k)
-        track.survive(cur.idx)
-        mask <<= 1
-    if folded is not None:
-        bits = track.bits_for(rank - 1) if exact else None
-        yield Send(rank - 1, (cur, bits), len(cur) * s_el + (mask_nbytes(len(folded)) if exact else 0))
-    applied = track.bits_for("own") if exact else _reference_mask(sel, cur)
-    return GTopKResult(cur, applied)
+    g = yield from _gtopk_rd_group(rank, P, _ident, track, sel, k, exact, s_el)
+    applied = track.bits_for("own") if exact else _reference_mask(sel, g)
+    return GTopKResult(g, applied)
+
+
+def _gtopk_rd_group(pos: int, n: int, to_rank, track: _Tracker, cur: Sparse, k: int, exact: bool, s_el: int):
+    """gTop-k recursive doubling among the n members of a group (:func:`rd_schedule`), starting from this
+    member's vector ``cur``; the tracker learns which of its entries survive. Returns g."""
+    sent = folded = None
+    for phase, dst, src in rd_schedule(pos, n):
+        if phase == "fold":
+            if dst >= 0:
+                sent = cur
+                yield Send(to_rank(dst), cur, len(cur) * s_el)
+            elif src >= 0:
+                who = to_rank(src)
+                folded = yield Recv(who)
+                track.absorb(who, folded)
+                cur = yield from _merge(cur, folded, k)
+                track.survive(cur.idx)
+        elif phase == "exchange":
+            if dst >= 0:
+                got = yield SendRecv(to_rank(dst), cur, len(cur) * s_el, to_rank(src))
+                cur = yield from _merge(cur, got, k)
+                track.survive(cur.idx)
+        elif dst >= 0:  # unfold: g and the folded member's survival bits
+            who = to_rank(dst)
+            bits = track.bits_for(who) if exact else None
+            yield Send(who, (cur, bits), len(cur) * s_el + (mask_nbytes(len(folded)) if exact else 0))
+        elif src >= 0:
+            cur, bits = yield Recv(to_rank(src))
+            if exact:
+                track.survive_sent(sent.idx, bits)
+    return cur
+
+
+# ----------------------------------------------------------------------------- hierarchical collectives
+#
+# On a cluster of N = P / G nodes of G ranks each (rank r on node r // G, local index r % G, as
+# sim.topology places them): work inside each node over the fast fabric, exchange between nodes only
+# among one rank per node (or per local index), then spread the result inside each node.
+
+
+def _node_layout(rank: int, P: int, G: int) -> tuple[int, int, int]:
+    """(node, local index, number of nodes) of ``rank``; raises SparsimError unless G divides P."""
+    from .errors import SparsimError
+
+    if G < 1 or P % G:
+        raise SparsimError(f"gpus_per_node = {G} does not divide P = {P}: valid divisors of P")
+    node, local = divmod(rank, G)
+    return node, local, P // G
+
+
+def hier_allreduce(rank: int, P: int, G: int, x: np.ndarray, value_bytes: int = 4):
+    """Two-level dense allreduce (the scheme of NCCL's trees-of-rings and Horovod's hierarchical allreduce).
+
+    x: float array (d,). Returns the sum over all P ranks, float array (d,), bit-identical on every rank.
+    1. Intra-node ring reduce-scatter among the G ranks of each node (chunks ``np.array_split(d, G)``):
+       local rank l then owns the node's sum of chunk (l + 1) % G.
+    2. Inter-node ring allreduce of that chunk among the N ranks with the same local index (one ring per
+       local index, all at once: on a rail-optimised cluster each on its own NIC).
+    3. Intra-node ring allgather of the G reduced chunks.
+    Cost on a contention-free cluster with G N dividing d, n = d * value_bytes (COSTS.md, hierarchical):
+    2(G-1)(alpha_i + n/G beta_i) + 2(N-1)(alpha_e + n/(G N) beta_e) (:func:`sim.costs.hier_allreduce_time`).
+    G = 1 is the flat ring; N = 1 the ring inside one node.
+    """
+    node, local, N = _node_layout(rank, P, G)
+    buf = np.array(x, copy=True)
+    base = node * G
+    bounds = _chunk_bounds(buf.shape[0], G)
+    steps = list(ring_schedule(local, G))
+
+    def intra(p):
+        return base + p
+
+    yield from _ring_steps(buf, bounds, steps[:G - 1], intra, value_bytes)
+    own = (local + 1) % G
+    part = buf[bounds[own]:bounds[own + 1]]  # a view: the inter-node ring sums it in place
+    yield from _ring_steps(part, _chunk_bounds(part.shape[0], N), ring_schedule(node, N), lambda q: q * G + local,
+                           value_bytes)
+    yield from _ring_steps(buf, bounds, steps[G - 1:], intra, value_bytes)
+    return buf
+
+
+def hier_topk_allgather_sum(rank: int, P: int, G: int, sel: Sparse, value_bytes: int = 4, index_bytes: int = 4):
+    """Top-k allgather, hierarchical: gather the node's selections to its local rank 0 (binomial tree over the
+    intra-node fabric), Bruck allgather of the node blocks among the N local ranks 0 (the only inter-node
+    traffic), binomial-tree broadcast of all P selections inside each node, then the dense sum in rank order.
+
+    sel: this rank's TopK(acc_p). Returns g = sum_p TopK(acc_p), float array (d,), bit-identical to
+    :func:`topk_allgather_sum` (same additions in the same order) on every rank; residual rule unchanged
+    (every local selection is applied). Cost with k entries of s bytes per rank, contention-free:
+    ceil(lg G) alpha_i + (G-1) k s beta_i + ceil(lg N) alpha_e + (N-1) G k s beta_e
+    + ceil(lg G)(alpha_i + P k s beta_i) (:func:`sim.costs.hier_topk_time`).
+    """
+    blocks = yield from hier_allgather(rank, P, G, sel, lambda b: b.nbytes(value_bytes, index_bytes))
+    return (yield from _sum_in_rank_order(sel, blocks))
+
+
+def hier_allgather(rank: int, P: int, G: int, item, nbytes_of):
+    """Hierarchical allgather of one item per rank: binomial gather to local rank 0 of each node, Bruck
+    allgather of the node blocks among the N local ranks 0, binomial broadcast of all P items inside each
+    node. Returns the list of P items, entry r being rank r's, on every rank. nbytes_of(item) -> int."""
+    node, local, N = _node_layout(rank, P, G)
+    base = node * G
+
+    def nb(blocks):
+        return sum(nbytes_of(b) for _, b in blocks)
+
+    blocks = [(rank, item)]
+    for _, dst, src in binomial_reduce_schedule(local, G):
+        if dst >= 0:
+            yield Send(base + dst, blocks, nb(blocks))
+        elif src >= 0:
+            blocks = blocks + (yield Recv(base + src))
+    if local == 0:
+        per_node = yield from _bruck(node, N, lambda q: q * G, blocks, nb)
+        blocks = [b for node_blocks in per_node for b in node_blocks]
+    for _, dst, src in binomial_bcast_schedule(local, G):
+        if src >= 0:
+            blocks = yield Recv(base + src)
+        if dst >= 0:
+            yield Send(base + dst, blocks, nb(blocks))
+    return [b for _, b in sorted(blocks, key=lambda rb: rb[0])]
+
+
+def hier_gtopk(rank: int, P: int, G: int, sel: Sparse, k: int, *, exact: bool = True, value_bytes: int = 4,
+               index_bytes: int = 4):
+    """gTop-k, hierarchical (in the spirit of HiTopKComm, Shi et al. MLSys 2021): a gTop-k binomial reduce
+    inside each node to its local rank 0 over the intra-node fabric, gTop-k recursive doubling among the N
+    local ranks 0 (sparse exchange between nodes only), then a binomial broadcast of g and each child's
+    survival bits inside each node.
+
+    sel: this rank's TopK(acc_p). Returns :class:`GTopKResult` (g identical on every rank; ``applied``
+    exact: an entry is applied iff it survived every merge it entered, so sum_p acc_p = g + sum_p eps_p;
+    ``exact=False``: the released code's rule, support of g AND own selection).
+    Cost with k entries per message, contention-free: ceil(lg G)(alpha_i + k s beta_i)
+    + gtopk_rd_time(N, k, alpha_e, beta_e) + ceil(lg G)(alpha_i + (k s + b) beta_i), b = ceil(k/8) for the
+    exact mask, 0 for the reference rule (:func:`sim.costs.hier_gtopk_time`).
+    """
+    node, local, N = _node_layout(rank, P, G)
+    base = node * G
+    s_el = value_bytes + index_bytes
+    track = _Tracker(sel)
+
+    def intra(p):
+        return base + p
+
+    cur, children = yield from _gtopk_reduce(local, G, intra, track, sel, k, s_el)
+    g = cur
+    if local == 0:
+        g = yield from _gtopk_rd_group(node, N, lambda q: q * G, track, cur, k, exact, s_el)
+    g = yield from _gtopk_bcast(local, G, intra, track, g, cur, children, exact, s_el)
+    applied = track.bits_for("own") if exact else _reference_mask(sel, g)
+    return GTopKResult(g, applied)

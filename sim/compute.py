@@ -140,3 +140,24 @@ class ComputeModel:
         if kind == "reduce":
             return self.reduce_coeff_s * x
         return self.update_coeff_s * x
+
+    def seconds_all(self, kind: str, work, P: int, iteration: int):
+        """:meth:`seconds` for ranks 0..P-1 at once (the fast engine, :mod:`sim.fastsim`).
+
+        work: a real >= 0 or a float/int array (P,) of per-rank work. Returns a float (every rank the same)
+        or a float array (P,) in seconds, equal to ``[seconds(kind, work[r], r, iteration) for r in range(P)]``
+        up to the last bit of ``log2``. Raises SparsimError for an unknown kind.
+        """
+        if kind not in COMPUTE_KINDS:
+            raise SparsimError(f"kind = {kind!r} is unknown: valid kinds are {', '.join(COMPUTE_KINDS)}")
+        if kind == "forward_backward":
+            if self.jitter == "none" and self.straggler_prob == 0.0:
+                return self.forward_backward_s
+            return self.forward_backward_s * np.array([self.forward_backward_factor(r, iteration) for r in range(P)])
+        if kind == "select":
+            x = np.asarray(work, dtype=np.float64)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out = np.where(x > 1, self.select_coeff_s * x * np.log2(np.maximum(x, 1.0)), 0.0)
+            return float(out) if out.ndim == 0 else out
+        coeff = {"merge": self.merge_coeff_s, "reduce": self.reduce_coeff_s, "update": self.update_coeff_s}[kind]
+        return coeff * work

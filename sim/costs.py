@@ -20,6 +20,9 @@ __all__ = [
     "gtopk_tree_time",
     "gtopk_rd_time",
     "collective_time",
+    "hier_allreduce_time",
+    "hier_topk_time",
+    "hier_gtopk_time",
 ]
 
 
@@ -104,3 +107,46 @@ def collective_time(name: str, P: int, d: int, k: int, alpha: float, beta: float
     if name == "gtopk_rd":
         return gtopk_rd_time(P, k, alpha, beta, value_bytes, index_bytes, exact)
     raise KeyError(name)
+
+
+# ----------------------------------------------------------------------------- hierarchical clusters
+# N = P / G nodes of G ranks; (alpha_i, beta_i): an uncontended message inside a node, (alpha_e, beta_e):
+# between nodes (sim.topology.ClusterSpec.intra_alpha_beta / inter_alpha_beta). Exact on a contention-free
+# cluster: one NIC per GPU (rail-optimised), or any cluster where at most one rank per NIC talks off-node.
+
+
+def hier_allreduce_time(N: int, G: int, d: int, alpha_i: float, beta_i: float, alpha_e: float, beta_e: float,
+                        value_bytes: int = 4) -> float:
+    """Two-level dense allreduce of d values (:func:`sim.collectives.hier_allreduce`):
+    2(G-1)(alpha_i + ceil(d/G) v beta_i) + 2(N-1)(alpha_e + ceil(ceil(d/G)/N) v beta_e), v = value_bytes;
+    with G N dividing d, n = d v: 2(G-1)(alpha_i + n/G beta_i) + 2(N-1)(alpha_e + n/(G N) beta_e) (COSTS.md).
+    Exact when G N divides d; otherwise the chunks differ by one element and this is the time paced by the
+    largest in every step."""
+    c = -(-d // G)
+    t = 2 * (G - 1) * (alpha_i + c * value_bytes * beta_i)
+    if N > 1:
+        t += 2 * (N - 1) * (alpha_e + -(-c // N) * value_bytes * beta_e)
+    return t
+
+
+def hier_topk_time(N: int, G: int, k: int, alpha_i: float, beta_i: float, alpha_e: float, beta_e: float,
+                   value_bytes: int = 4, index_bytes: int = 4) -> float:
+    """Hierarchical Top-k allgather (:func:`sim.collectives.hier_topk_allgather_sum`), m = k s bytes per rank:
+    gather ceil(lg G) alpha_i + (G-1) m beta_i, inter-node Bruck of G m-byte node blocks
+    ceil(lg N) alpha_e + (N-1) G m beta_e, broadcast of all P blocks ceil(lg G)(alpha_i + N G m beta_i)."""
+    m = k * (value_bytes + index_bytes)
+    return (bruck_allgather_time(G, m, alpha_i, beta_i) + bruck_allgather_time(N, G * m, alpha_e, beta_e)
+            + ceil_lg(G) * (alpha_i + N * G * m * beta_i))
+
+
+def hier_gtopk_time(N: int, G: int, k: int, alpha_i: float, beta_i: float, alpha_e: float, beta_e: float,
+                    value_bytes: int = 4, index_bytes: int = 4, exact: bool = True) -> float:
+    """Hierarchical gTop-k (:func:`sim.collectives.hier_gtopk`): intra-node binomial reduce
+    ceil(lg G)(alpha_i + k s beta_i), inter-node recursive doubling :func:`gtopk_rd_time` (N, alpha_e, beta_e),
+    intra-node broadcast ceil(lg G)(alpha_i + (k s + b) beta_i), b = ceil(k/8) (exact mask) or 0 (reference).
+    G = 1 is :func:`gtopk_rd_time`."""
+    ks = k * (value_bytes + index_bytes)
+    b = mask_nbytes(k) if exact else 0
+    L = ceil_lg(G)
+    return (L * (alpha_i + ks * beta_i) + gtopk_rd_time(N, k, alpha_e, beta_e, value_bytes, index_bytes, exact)
+            + L * (alpha_i + (ks + b) * beta_i))

@@ -218,16 +218,30 @@ class Network:
         SparsimError: ``P`` is not an integer >= 1, or ``spec`` is not a :class:`NetworkSpec`.
     """
 
-    def __init__(self, env: simpy.Environment, P: int, spec: NetworkSpec):
+    def __init__(self, env: simpy.Environment, P: int, spec):
+        from .topology import ClusterSpec
+
         self.P = _check_int("P", P, 1)
-        if not isinstance(spec, NetworkSpec):
-            raise SparsimError(f"spec = {spec!r} is invalid: valid values are NetworkSpec instances")
+        if not isinstance(spec, (NetworkSpec, ClusterSpec)):
+            raise SparsimError(f"spec = {spec!r} is invalid: valid values are NetworkSpec or ClusterSpec instances")
+        if isinstance(spec, ClusterSpec) and spec.P != self.P:
+            raise SparsimError(f"P = {self.P} but the cluster has {spec.nodes} x {spec.gpus_per_node} = {spec.P} ranks: "
+                               "valid P = nodes x gpus_per_node")
         self.env = env
         self.spec = spec
         self.bytes_sent = np.zeros(self.P, dtype=np.int64)
         self.messages_sent = np.zeros(self.P, dtype=np.int64)
         self._free_at: dict[Hashable, float | int] = {}
         self.link_busy_s: dict[Hashable, float] = {}
+        if isinstance(spec, ClusterSpec):  # hierarchical: integer link ids with their own latency and bandwidth
+            lat, bw, lev = spec.link_table()
+            self._links = (lat.tolist(), bw.tolist(), lev)  # Python floats: the hop loop runs per message
+            self._routes: dict[tuple[int, int], list[int]] = {}
+            self._q = 0.0
+            for key in range(len(lat)):
+                self._add_link(key)
+            return
+        self._links = None
         self._latency = spec.link_latency_s
         self._bw = spec.link_bandwidth_Bps
         self._q = spec.quantum_s
@@ -262,9 +276,14 @@ class Network:
         dst = _check_int("dst", dst, 0, self.P - 1)
         return self._route(src, dst)
 
-    def _route(self, src: int, dst: int) -> list[tuple]:
+    def _route(self, src: int, dst: int) -> list:
         if src == dst:
             return []
+        if self._links is not None:
+            path = self._routes.get((src, dst))
+            if path is None:
+                path = self._routes[(src, dst)] = self.spec.route(src, dst)
+            return path
         topo = self.spec.topology
         if topo == "star":
             return [(src, SWITCH), (SWITCH, dst)]
@@ -293,6 +312,8 @@ class Network:
             SparsimError: ``nbytes`` not an integer >= 0.
         """
         nbytes = _check_int("nbytes", nbytes, 0)
+        if self._links is not None:
+            raise SparsimError("hop_times: a hierarchical cluster's links differ; valid only for a NetworkSpec network")
         hold_q, delay_q = self._hop_quanta(nbytes)
         if self._q > 0:
             return hold_q * self._q, delay_q * self._q
@@ -339,6 +360,17 @@ class Network:
         env = self.env
         free_at = self._free_at
         busy = self.link_busy_s
+        if self._links is not None:  # per-link latency and bandwidth, same FIFO hop rule
+            lat, bw, _ = self._links
+            for key in path:
+                now = env.now
+                hold = nbytes / bw[key]
+                t_free = free_at[key]
+                start = now if now >= t_free else t_free
+                free_at[key] = start + hold
+                busy[key] += hold
+                yield env.timeout((start - now) + (lat[key] + hold))
+            return
         hold, delay = self._hop_quanta(nbytes)
         q = self._q
         if q > 0:

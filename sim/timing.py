@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import collectives as C
-from .algorithms import AlgorithmSpec
+from .algorithms import AlgorithmSpec, _gtopk_collective
 from .cluster import SimCluster
 from .compression import Sparse
 from .compute import ComputeModel
@@ -86,17 +86,23 @@ def timing_program(spec: AlgorithmSpec, rank: int, P: int, d: int, batch_size: i
             out = yield from C.ring_allreduce(rank, P, payload, vb)
         elif spec.collective == "recursive_doubling":
             out = yield from C.rd_allreduce(rank, P, payload, vb)
+        elif spec.collective == "hierarchical":
+            out = yield from C.hier_allreduce(rank, P, spec.gpus_per_node, payload, vb)
         else:
-            raise SparsimError(f"collective = {spec.collective!r} has no timing-only mode: valid ring, recursive_doubling")
+            raise SparsimError(f"collective = {spec.collective!r} has no timing-only mode: valid ring, "
+                               "recursive_doubling, hierarchical")
     else:
         yield Compute("select", d)
         if spec.name in ("topk", "randk"):  # both allgather their k entries (algorithms.sgd_step)
-            # topk_allgather_sum's messages and its reduce op, without its dense sum (numerics only)
-            out = yield from C.bruck_allgather(rank, P, payload, lambda s_: s_.nbytes(vb, ib))
+            # the allgather's messages and its reduce op, without its dense sum (numerics only)
+            nbytes_of = lambda s_: s_.nbytes(vb, ib)  # noqa: E731
+            if spec.collective == "hierarchical":
+                out = yield from C.hier_allgather(rank, P, spec.gpus_per_node, payload, nbytes_of)
+            else:
+                out = yield from C.bruck_allgather(rank, P, payload, nbytes_of)
             yield Compute("reduce", sum(len(b) for b in out))
         else:
-            coll = C.gtopk_tree if spec.collective == "tree" else C.gtopk_rd
-            out = yield from coll(rank, P, payload, spec.k, exact=spec.mask == "exact", value_bytes=vb, index_bytes=ib)
+            out = yield from _gtopk_collective(spec, rank, P, payload)
     yield Compute("update", d)
     return out
 
