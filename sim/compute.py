@@ -155,6 +155,8 @@ class ComputeModel:
                 return self.forward_backward_s
             return self.forward_backward_s * np.array([self.forward_backward_factor(r, iteration) for r in range(P)])
         if kind == "select":
+            if np.ndim(work) == 0:
+                return self.seconds(kind, work, 0, iteration)
             x = np.asarray(work, dtype=np.float64)
             with np.errstate(divide="ignore", invalid="ignore"):
                 out = np.where(x > 1, self.select_coeff_s * x * np.log2(np.maximum(x, 1.0)), 0.0)

@@ -43,8 +43,7 @@ __all__ = ["FastCluster", "fast_iteration", "simulate_timing_fast", "as_cluster"
 
 
 def as_cluster(network, P: int):
-    """The fabric of ``network`` for P ranks: a :class:`ClusterSpec` (a star NetworkSpec is the flat cluster
-    gpus_per_node = 1 with the same two hops), or the NetworkSpec itself for ``direct`` and ``ring``.
+    """The fabric of ``network`` for P ranks: the :class:`ClusterSpec` or :class:`NetworkSpec` itself.
     Raises ConfigError for quantum_s > 0 (not modelled here) or a ClusterSpec of another size."""
     if isinstance(network, ClusterSpec):
         if network.P != P:
@@ -56,42 +55,42 @@ def as_cluster(network, P: int):
     if network.quantum_s > 0:
         raise ConfigError(f"quantum_s = {network.quantum_s} is not modelled by the fast engine: valid quantum_s = 0, "
                           "or engine = message")
-    if network.topology == "star":
-        return ClusterSpec(P, 1, "nvswitch", inter_alpha_s=2 * network.link_latency_s,
-                           inter_bandwidth_Bps=network.link_bandwidth_Bps / 2, name="star")
     return network
 
 
-def _fifo(links, t, hold, free, order):
-    """Serve messages on links FIFO: message i reaches link ``links[i]`` at ``t[i]`` and holds it ``hold[i]``;
-    the link is free from ``free[link]``. Returns each message's start time (float array) and updates
-    ``free``. Within a link, messages are served in order of (t, order). Lindley's recursion
-    start_i = max(t_i, start_{i-1} + hold_{i-1}) evaluated as a segmented running maximum."""
-    o = np.lexsort((order, t, links))
-    lk, ts, h = links[o], t[o], hold[o]
+def _fifo(links, head, hold, tail, free, order, last_head):
+    """Serve messages FIFO on shared links, a whole round at once, with the message-level engine's arithmetic.
+
+    Message i's head reaches link ``links[i]`` at ``head[i]``; it holds the link ``hold[i]`` seconds and at
+    least until ``tail[i]`` (its last byte arriving from the previous link; -inf for none). The link is free
+    from ``free[link]``. Messages of one link are served in order of (head, order): Lindley's recursion
+    start_i = max(head_i, end_{i-1}), end_i = max(start_i + hold_i, tail_i), evaluated for the j-th message
+    of every link at once, j = 0, 1, ... (as many numpy passes as the busiest link has messages).
+    ``last_head[link]``: the head time of the link's last message before this round, updated here.
+    Returns (start, end, overtaken) with start and end in the input order; overtaken is True when some
+    head is not later than that of a message served before it on the same link in an earlier round (the
+    message-level engine may have served it first: see :meth:`FastCluster.step`)."""
+    o = np.lexsort((order, head, links))
+    lk = links[o]
     m = lk.shape[0]
     first = np.ones(m, dtype=bool)
     first[1:] = lk[1:] != lk[:-1]
-    x = ts.copy()
-    x[first] = np.maximum(x[first], free[lk[first]])
-    gid = np.cumsum(first) - 1
-    cs = np.cumsum(h) - h
-    S = cs - cs[first][gid]  # holds of the earlier messages of the same link
-    y = x - S
-    starts = np.flatnonzero(first)
-    longest = int(np.max(np.diff(np.append(starts, m))))
-    k = 1
-    while k < longest:  # Hillis-Steele segmented running max
-        same = gid[k:] == gid[:-k]
-        y[k:] = np.where(same, np.maximum(y[k:], y[:-k]), y[k:])
-        k <<= 1
-    start = np.where(first, x, y + S)
-    last = np.ones(m, dtype=bool)
-    last[:-1] = lk[1:] != lk[:-1]
-    free[lk[last]] = start[last] + h[last]
-    out = np.empty(m)
-    out[o] = start
-    return out
+    g0 = np.flatnonzero(first)  # where each link's messages start in the sorted order
+    sizes = np.diff(np.append(g0, m))
+    overtaken = bool(np.any(head[o[g0]] <= last_head[lk[g0]]))
+    prev = free[lk[g0]].copy()
+    start, end = np.empty(m), np.empty(m)
+    for j in range(int(sizes.max())):
+        grp = np.flatnonzero(sizes > j)
+        ii = o[g0[grp] + j]  # the j-th message of each of those links, as input positions
+        st = np.maximum(head[ii], prev[grp])
+        en = np.maximum(st + hold[ii], tail[ii])
+        start[ii], end[ii] = st, en
+        prev[grp] = en
+    last = o[g0 + sizes - 1]
+    free[lk[g0]] = prev
+    last_head[lk[g0]] = head[last]
+    return start, end, overtaken
 
 
 class FastCluster:
@@ -116,12 +115,14 @@ class FastCluster:
         self._cache_key = None
         if isinstance(self.fabric, ClusterSpec):
             self._lat, self._bw, _ = self.fabric.link_table()
-            self._inv_bw = 1.0 / self._bw
             self._shared = set(self.fabric.shared_levels())
             self._free = np.zeros(self._lat.shape[0])
-        else:
-            f = self.fabric
-            self._free = np.zeros(2 * self.P) if f.topology == "ring" else None
+        else:  # store-and-forward links; only the ring topology's are shared by these patterns
+            self._free = np.zeros(2 * self.P) if self.fabric.topology == "ring" else None
+        self._last_head = None if self._free is None else np.full(self._free.shape, -np.inf)
+        self._overtaken = False
+        self._ops = None  # the operations of the current step, while recording
+        self.event_replays = 0
 
     # -- compute ---------------------------------------------------------------------------
     def compute(self, kind: str, work, iteration: int) -> None:
@@ -129,6 +130,8 @@ class FastCluster:
         sec = self.model.seconds_all(kind, work, self.P, iteration)
         if np.ndim(sec) == 0 and sec == 0:
             return
+        if self._ops is not None:
+            self._ops.append(("c", CATEGORY_OF_KIND[kind], sec))
         self.ready = self.ready + sec
         self.busy[:, CATEGORY_OF_KIND[kind]] += sec
 
@@ -137,6 +140,8 @@ class FastCluster:
         """One round: rank r sends ``nbytes[r]`` bytes to ``dst[r]`` (-1: no send) and receives from ``src[r]``
         (-1: nothing). dst, src: int arrays (P,); nbytes: int array (P,) or an int for all.
         Raises RuntimeError if the round is not a matching (a receiver expecting another sender)."""
+        if self._ops is not None:
+            self._ops.append(("x", dst, src, nbytes))
         key = (id(dst), id(src))
         if key != self._cache_key or self._cache_obj[0] is not dst or self._cache_obj[1] is not src:
             s = np.flatnonzero(dst >= 0)
@@ -144,49 +149,49 @@ class FastCluster:
             if not np.array_equal(src[d], s) or int(np.count_nonzero(src >= 0)) != s.shape[0]:
                 raise RuntimeError("fast engine: the round's sends and receives do not match (a pattern bug)")
             self._cache_key, self._cache_obj = key, (dst, src)
-            self._cache = (s, d, self._route(s, d))
-        s, d, route = self._cache
+            self._cache = (s, d, self._route(s, d), s.shape[0] == self.P)
+        s, d, route, everyone = self._cache
         if s.shape[0] == 0:
             return
-        nb = np.broadcast_to(np.asarray(nbytes, dtype=np.int64), (self.P,))[s]
         ready = self.ready
-        start = np.maximum(ready[s], ready[d])
-        arrive = self._transfer(s, nb, start, route)
-        new = ready.copy()
-        new[s] = arrive
-        new[d] = np.maximum(new[d], arrive)
+        if np.ndim(nbytes) == 0:
+            nb = nbytes
+            self.bytes += int(nbytes) * int(s.shape[0])
+        else:
+            nb = nbytes if everyone else nbytes[s]
+            self.bytes += int(nb.sum())
+        if everyone:  # every rank sends one message and receives one: no gathers by s
+            start = np.maximum(ready, ready[d])
+            arrive = self._transfer(s, nb, start, route)
+            new = np.maximum(arrive, arrive[src])
+        else:
+            start = np.maximum(ready[s], ready[d])
+            arrive = self._transfer(s, nb, start, route)
+            new = ready.copy()
+            new[s] = arrive
+            new[d] = np.maximum(new[d], arrive)
         self.busy[:, 2] += new - ready
         self.ready = new
         self.messages += int(s.shape[0])
-        self.bytes += int(nb.sum())
 
     def _route(self, s, d):
         f = self.fabric
         if isinstance(f, ClusterSpec):
             R = f.routes(s, d)
-            segs = []  # runs of uncontended levels (summed) and single shared levels, in path order
-            lat_acc = np.zeros(s.shape[0])
-            inv_acc = np.zeros(s.shape[0])
-            plain = False
+            levels = []  # per crossed level: (positions of its messages or None for all, links, lat, bw, state)
             for lev in range(6):
                 col = R[:, lev]
-                if not (col >= 0).any():
+                has = col >= 0
+                if not has.any():
                     continue
+                idx = None if has.all() else np.flatnonzero(has)
+                links = col if idx is None else col[idx]
+                state = None
                 if lev in self._shared:
-                    if plain:
-                        segs.append(("sum", lat_acc, inv_acc))
-                        lat_acc, inv_acc, plain = np.zeros(s.shape[0]), np.zeros(s.shape[0]), False
-                    idx = np.flatnonzero(col >= 0)
-                    segs.append(("fifo", idx, col[idx]))
-                else:
-                    has = col >= 0
-                    lat_acc = lat_acc + np.where(has, self._lat[col], 0.0)
-                    inv_acc = inv_acc + np.where(has, self._inv_bw[col], 0.0)
-                    plain = True
-            if plain:
-                segs.append(("sum", lat_acc, inv_acc))
-            return segs
-        if f.topology == "direct":
+                    state = "unique" if np.unique(links).shape[0] == links.shape[0] else "fifo"
+                levels.append((idx, links, self._lat[links], self._bw[links], state))
+            return levels
+        if f.topology in ("direct", "star"):
             return None
         P = self.P  # ring topology: shortest direction, ties clockwise; link ids cw = node, ccw = P + node
         cw = (d - s) % P
@@ -195,22 +200,46 @@ class FastCluster:
         return step, hops
 
     def _transfer(self, s, nb, start, route):
+        """Arrival time of each message (float array (m,)) that leaves its sender at ``start``."""
         f = self.fabric
-        t = start.copy()
-        if isinstance(f, ClusterSpec):
-            for seg in route:
-                if seg[0] == "sum":
-                    t = t + (seg[1] + nb * seg[2])
+        if isinstance(f, ClusterSpec):  # pipelined links (sim.topology)
+            head = start
+            tail = np.full(start.shape, -np.inf)
+            for idx, links, lat, bw, state in route:
+                if idx is None:
+                    hd, tl, n = head, tail, nb
                 else:
-                    idx, links = seg[1], seg[2]
-                    hold = nb[idx] / self._bw[links]
-                    st = _fifo(links, t[idx], hold, self._free, s[idx])
-                    t[idx] = st + (self._lat[links] + hold)
-            return t
-        lat, bw = f.link_latency_s, f.link_bandwidth_Bps
-        hold_all = nb / bw
+                    hd, tl, n = head[idx], tail[idx], (nb[idx] if np.ndim(nb) else nb)
+                hold = n / bw
+                if state is None:  # only this rank uses the link: it is free when the head arrives
+                    st = hd
+                    en = np.maximum(st + hold, tl)
+                elif state == "unique":  # one message on each link this round
+                    if np.any(hd <= self._last_head[links]):
+                        self._overtaken = True
+                    self._last_head[links] = hd
+                    st = np.maximum(hd, self._free[links])
+                    en = np.maximum(st + hold, tl)
+                    self._free[links] = en
+                else:
+                    st, en, ov = _fifo(links, hd, np.broadcast_to(hold, hd.shape), tl, self._free,
+                                       s if idx is None else s[idx], self._last_head)
+                    self._overtaken |= ov
+                nh = hd + ((st - hd) + lat)  # the message-level engine's clock arithmetic, bit for bit
+                if idx is None:
+                    head, tail = nh, en + lat
+                else:
+                    head, tail = head.copy(), tail.copy()
+                    head[idx], tail[idx] = nh, en + lat
+            return np.where(tail > head, head + (tail - head), head)
+        lat, bw = f.link_latency_s, f.link_bandwidth_Bps  # store-and-forward links (sim.network)
+        hold_all = np.broadcast_to(nb / bw, start.shape)
         if f.topology == "direct":
+            return start + (lat + hold_all)
+        if f.topology == "star":  # uplink then downlink, never shared by these patterns' messages
+            t = start + (lat + hold_all)
             return t + (lat + hold_all)
+        t = start.copy()
         step, hops = route
         P = self.P
         for j in range(int(hops.max())):
@@ -218,9 +247,172 @@ class FastCluster:
             node = (s[idx] + step[idx] * j) % P
             links = np.where(step[idx] == 1, node, P + node)
             hold = hold_all[idx]
-            st = _fifo(links, t[idx], hold, self._free, s[idx])
-            t[idx] = st + (lat + hold)
+            ti = t[idx]
+            st, _, ov = _fifo(links, ti, hold, np.full(idx.shape, -np.inf), self._free, s[idx], self._last_head)
+            self._overtaken |= ov
+            t[idx] = ti + ((st - ti) + (lat + hold))
         return t
+
+    # -- exactness under contention ---------------------------------------------------------
+    def step(self, body) -> None:
+        """Run ``body(self)`` (one iteration's computes and rounds) exactly.
+
+        The rounds are evaluated vectorised; if on some shared link a message's head arrived before that of a
+        message served ahead of it in an earlier round (an overtaking the round order cannot represent), the
+        step is undone and replayed by :meth:`_event_replay`, a lean event-driven evaluation of the same
+        recorded rounds in global time order. Either way the times are the message-level engine's."""
+        snap = (self.ready.copy(), self.busy.copy(), self.messages, self.bytes,
+                None if self._free is None else (self._free.copy(), self._last_head.copy()))
+        self._ops, self._overtaken = [], False
+        try:
+            body(self)
+            ops = self._ops
+        finally:
+            self._ops = None
+        if self._overtaken:
+            self.ready, self.busy, self.messages, self.bytes = snap[0], snap[1], snap[2], snap[3]
+            self._free[:], self._last_head[:] = snap[4]
+            self.event_replays += 1
+            self._event_replay(ops)
+
+    def _event_replay(self, ops) -> None:
+        """Evaluate recorded operations (``("c", category, seconds)`` and ``("x", dst, src, nbytes)``) message by
+        message in global time order: rank r walks the list, adding its compute seconds and posting its part
+        of each round it takes part in; a message starts when both ends have posted, crosses unshared links
+        directly and waits in a heap for each shared link, which serves heads in time order (ties: lower
+        sender first). Cost O(messages x log) in Python: used only when the vectorised rounds cannot be exact."""
+        import heapq
+
+        P = self.P
+        f = self.fabric
+        cluster = isinstance(f, ClusterSpec)
+        free, last_head = self._free, self._last_head
+        t = self.ready.copy()
+        busy = self.busy
+        rounds = []  # per op: None for compute, else (dst list, src list, nbytes list, hops per sender)
+        for op in ops:
+            if op[0] == "c":
+                rounds.append(None)
+                continue
+            _, dst, src, nbytes = op
+            snd = np.flatnonzero(dst >= 0)
+            nb = np.broadcast_to(np.asarray(nbytes, dtype=np.int64), (P,))
+            hops = {}
+            if cluster:
+                R = f.routes(snd, dst[snd])
+                for row, sr in zip(R.tolist(), snd.tolist()):
+                    hops[sr] = [(L, lev) for lev, L in enumerate(row) if L >= 0]
+            else:
+                for sr in snd.tolist():
+                    dr = int(dst[sr])
+                    cw = (dr - sr) % P
+                    stp, h = (1, cw) if cw <= P - cw else (-1, P - cw)
+                    hops[sr] = [((sr + stp * j) % P if stp == 1 else P + (sr + stp * j) % P, -1) for j in range(h)]
+            rounds.append((dst.tolist(), src.tolist(), nb.tolist(), hops))
+            self.messages += int(snd.shape[0])
+            self.bytes += int(nb[snd].sum())
+        if cluster:
+            lat_t, bw_t = self._lat.tolist(), self._bw.tolist()
+            shared = self._shared
+        else:
+            lat_r, bw_r = f.link_latency_s, f.link_bandwidth_Bps
+        n_ops = len(ops)
+        pos = [0] * P  # next op of each rank
+        posted = [-1] * P  # op index a rank is blocked in, or -1
+        post_t = [0.0] * P
+        left = [0] * P  # parts (send, receive) of the current round not yet done
+        done_t = [0.0] * P
+        heap = []
+
+        def hop_walk(sr, dr, i, k, head, tail, nbytes):
+            """Carry message sr -> dr of op i from hop k (head and tail times) until a shared link or the end."""
+            path = rounds[i][3][sr]
+            while k < len(path):
+                L, lev = path[k]
+                if cluster:
+                    if lev in shared:
+                        heapq.heappush(heap, (head, sr, i, k, tail, dr, nbytes))
+                        return
+                    end = head + nbytes / bw_t[L]
+                    if tail > end:
+                        end = tail
+                    head, tail = head + (0.0 + lat_t[L]), end + lat_t[L]
+                else:
+                    heapq.heappush(heap, (head, sr, i, k, tail, dr, nbytes))
+                    return
+                k += 1
+            arrive = (head + (tail - head) if tail > head else head) if cluster else head
+            finish(sr, arrive)
+            finish(dr, arrive)
+
+        def start_msg(sr, dr, i, t0):
+            nbytes = rounds[i][2][sr]
+            if not cluster and f.topology != "ring":  # star / direct: never shared
+                h = nbytes / bw_r
+                arrive = t0 + (lat_r + h)
+                if f.topology == "star":
+                    arrive = arrive + (lat_r + h)
+                finish(sr, arrive)
+                finish(dr, arrive)
+                return
+            hop_walk(sr, dr, i, 0, t0, -np.inf, nbytes)
+
+        def finish(r, when):
+            if when > done_t[r]:
+                done_t[r] = when
+            left[r] -= 1
+            if left[r] == 0:
+                busy[r, 2] += done_t[r] - post_t[r]
+                t[r] = done_t[r]
+                posted[r] = -1
+                advance(r)
+
+        def advance(r):
+            """Run rank r's computes up to its next round; post its part there."""
+            i = pos[r]
+            while i < n_ops:
+                rd = rounds[i]
+                if rd is None:
+                    _, cat, sec = ops[i]
+                    x = sec if np.ndim(sec) == 0 else float(sec[r])
+                    t[r] += x
+                    busy[r, cat] += x
+                    i += 1
+                    continue
+                dst, src = rd[0][r], rd[1][r]
+                if dst < 0 and src < 0:
+                    i += 1
+                    continue
+                pos[r] = i + 1
+                posted[r], post_t[r], done_t[r] = i, t[r], t[r]
+                left[r] = (dst >= 0) + (src >= 0)
+                if dst >= 0 and posted[dst] == i:
+                    start_msg(r, dst, i, max(t[r], post_t[dst]))
+                if src >= 0 and posted[src] == i:
+                    start_msg(src, r, i, max(t[r], post_t[src]))
+                return
+            pos[r] = n_ops
+
+        for r in range(P):
+            advance(r)
+        while heap:
+            head, sr, i, k, tail, dr, nbytes = heapq.heappop(heap)
+            L, _ = rounds[i][3][sr][k]
+            start = head if head >= free[L] else free[L]
+            last_head[L] = head
+            if cluster:
+                end = start + nbytes / bw_t[L]
+                if tail > end:
+                    end = tail
+                free[L] = end
+                hop_walk(sr, dr, i, k + 1, head + ((start - head) + lat_t[L]), end + lat_t[L], nbytes)
+            else:  # store and forward
+                hold = nbytes / bw_r
+                free[L] = start + hold
+                hop_walk(sr, dr, i, k + 1, head + ((start - head) + (lat_r + hold)), -np.inf, nbytes)
+        if any(p_ != n_ops for p_ in pos) or any(x >= 0 for x in posted):
+            raise RuntimeError("fast engine: event replay ended with ranks still waiting (a pattern bug)")
+        self.ready = t
 
     def barrier(self) -> float:
         """Every rank waits for the slowest (the start of a synchronous iteration); returns that time (s)."""
@@ -371,7 +563,7 @@ def simulate_timing_fast(spec: AlgorithmSpec, P: int, d: int, *, network, comput
     times = []
     for it in range(iterations):
         t0 = eng.barrier()
-        fast_iteration(eng, spec, d, batch_size, it + 1, G)
+        eng.step(lambda e: fast_iteration(e, spec, d, batch_size, it + 1, G))
         times.append(float(eng.ready.max()) - t0)
     b0 = eng.busy[0] / iterations
     return TimingResult(np.asarray(times), float(b0[0]), float(b0[1]), float(b0[2]),

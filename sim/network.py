@@ -236,6 +236,8 @@ class Network:
         if isinstance(spec, ClusterSpec):  # hierarchical: integer link ids with their own latency and bandwidth
             lat, bw, lev = spec.link_table()
             self._links = (lat.tolist(), bw.tolist(), lev)  # Python floats: the hop loop runs per message
+            self._shared = set(np.flatnonzero(np.isin(lev, spec.shared_levels())).tolist())
+            self._waiting: dict[int, list] = {}
             self._routes: dict[tuple[int, int], list[int]] = {}
             self._q = 0.0
             for key in range(len(lat)):
@@ -351,25 +353,54 @@ class Network:
         if path:
             self.bytes_sent[src] += nbytes
             self.messages_sent[src] += 1
-        return self.env.process(self._send(path, nbytes))
+        return self.env.process(self._send(path, nbytes, src))
 
-    def _send(self, path, nbytes):
+    def _arbitrate(self, key, src):
+        """Event that fires when message ``src``'s head may take shared link ``key``. All heads that reach the
+        link at one instant are released in order of sender rank, after every other event of that instant
+        (priority below SimPy's NORMAL), so a tie never depends on the order SimPy created events in; the
+        fast engine (:mod:`sim.fastsim`) breaks ties the same way."""
+        ev = self.env.event()
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            waiting = self._waiting[key] = []
+            release = self.env.event()
+            release._ok, release._value = True, None  # scheduled by hand below, at the lowest priority
+
+            def _release(_):
+                for _, e in sorted(self._waiting.pop(key), key=lambda w: w[0]):
+                    e.succeed()
+
+            release.callbacks.append(_release)
+            self.env.schedule(release, priority=2)
+        waiting.append((src, ev))
+        return ev
+
+    def _send(self, path, nbytes, src=0):
         # FIFO service with known service times: a message reaching a link at time t starts at
         # max(t, the link's free time), the Lindley recursion a capacity-1 FIFO simpy.Resource
         # would realise with four events per hop; here each hop costs one timeout event.
         env = self.env
         free_at = self._free_at
         busy = self.link_busy_s
-        if self._links is not None:  # per-link latency and bandwidth, same FIFO hop rule
+        if self._links is not None:  # hierarchical cluster: pipelined (cut-through) FIFO links, sim.topology
             lat, bw, _ = self._links
+            tail = -math.inf  # when the message's last byte can leave the previous link's far end
             for key in path:
-                now = env.now
-                hold = nbytes / bw[key]
+                if key in self._shared:  # heads arriving at the same instant: lower sender rank first
+                    yield self._arbitrate(key, src)
+                now = env.now  # the message's head reaches this link
                 t_free = free_at[key]
                 start = now if now >= t_free else t_free
-                free_at[key] = start + hold
-                busy[key] += hold
-                yield env.timeout((start - now) + (lat[key] + hold))
+                end = start + nbytes / bw[key]
+                if tail > end:
+                    end = tail
+                free_at[key] = end
+                busy[key] += end - start
+                tail = end + lat[key]
+                yield env.timeout((start - now) + lat[key])
+            if tail > env.now:
+                yield env.timeout(tail - env.now)
             return
         hold, delay = self._hop_quanta(nbytes)
         q = self._q

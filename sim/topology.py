@@ -2,13 +2,22 @@
 
 A :class:`ClusterSpec` is ``nodes`` x ``gpus_per_node`` ranks (P = their product). Ranks are placed
 contiguously, as ``torchrun`` and ``mpirun --map-by node`` do: rank r lives on node ``r // G`` with local
-index ``r % G`` (G = gpus_per_node). Every piece is a directed, FIFO, store-and-forward link with the
-hop rule of :mod:`sim.network` (hold ``n / bandwidth``, arrive ``latency + n / bandwidth`` later):
+index ``r % G`` (G = gpus_per_node). Every piece is a directed FIFO link with a latency and a bandwidth.
+
+Link rule (pipelined, cut-through, as NCCL's chunked transfers and switches behave): a message's head
+reaches a link at time h; the link serves it from ``start = max(h, link free)`` until
+``end = max(start + n / bandwidth, tail)``, where ``tail`` is when its last byte arrives from the previous
+link (the end there plus that link's latency); the head moves on at ``start + latency`` and the message has
+arrived when its last byte has crossed the last link (``end + latency``). Alone on a path the message costs
+the sum of the latencies plus n / (the smallest bandwidth). Messages queue at a link in order of head
+arrival. So G ranks that send m bytes each through one shared NIC at once finish at alpha_e + G m beta_e,
+and alone or on their own NICs at alpha_e + m beta_e (COSTS.md's hand check). (The flat
+:class:`sim.network.NetworkSpec` keeps ASTRA-sim's store-and-forward rule, whose exact values it is tested on.)
 
 - **Intra-node fabric** (``intra``): each GPU has one port into the node's fabric, an up link
   ``gpu -> fabric`` and a down link ``fabric -> gpu``, each with latency ``intra_alpha_s / 2`` and
-  bandwidth ``2 * intra_bandwidth_Bps`` (two store-and-forward hops, so an uncontended GPU-to-GPU message
-  costs exactly ``intra_alpha_s + n / intra_bandwidth_Bps``, as the flat star does).
+  bandwidth ``intra_bandwidth_Bps``, so an uncontended GPU-to-GPU message costs exactly
+  ``intra_alpha_s + n / intra_bandwidth_Bps``.
 
   - ``"nvswitch"``: a non-blocking switch (NVSwitch, or NVLink modelled as one). Inter-node traffic does
     not cross it: the NICs hang off their own PCIe switches (GPUDirect RDMA), as in DGX systems.
@@ -20,7 +29,7 @@ hop rule of :mod:`sim.network` (hold ``n / bandwidth``, arrive ``latency + n / b
 - **NICs**: ``nics_per_node`` per node (a divisor of G). Local GPU ``l`` uses NIC ``l // (G / nics)``:
   one NIC shared by all GPUs of the node (``nics_per_node = 1``), or one per GPU (``nics_per_node = G``,
   rail-optimised). Each NIC has an up and a down link, latency ``inter_alpha_s / 2`` and bandwidth
-  ``2 * inter_bandwidth_Bps``, into a non-blocking switch: NIC to NIC costs ``inter_alpha_s +
+  ``inter_bandwidth_Bps``, into a non-blocking switch: NIC to NIC costs ``inter_alpha_s +
   n / inter_bandwidth_Bps`` uncontended. GPUs sharing a NIC queue on it, in both directions.
 - **Leaf/spine fat tree** (optional, ``nodes_per_leaf > 0``): nodes are grouped into leaves of
   ``nodes_per_leaf`` consecutive nodes. Traffic between leaves crosses the leaf's up link to the spine and
@@ -28,14 +37,14 @@ hop rule of :mod:`sim.network` (hold ``n / bandwidth``, arrive ``latency + n / b
   nics_per_node x inter_bandwidth_Bps / oversubscription`` and latency ``spine_alpha_s / 2``. One
   aggregate link per leaf and direction serves one message at a time at the summed rate: a fluid
   approximation of ECMP over the leaf's uplinks (it finishes a batch of equal messages at the same time
-  as parallel uplinks would; the first of them earlier).
+  as parallel uplinks would; the first of them earlier). Oversubscription > 1 makes it the bottleneck.
 
 Paths (link ids in level order, the order every path visits them): ``gpu_up (0)``, ``nic_up (1)``,
 ``leaf_up (2)``, ``leaf_down (3)``, ``nic_down (4)``, ``gpu_down (5)``. Same node: levels 0 and 5.
 Other node: NIC levels 1 and 4, plus 0 and 5 with PCIe, plus 2 and 3 between leaves.
 
-A flat cluster is ``gpus_per_node = 1`` with the ``nvswitch`` fabric: every path is NIC up, NIC down, the
-same two hops as :class:`sim.network.NetworkSpec`'s star with alpha = ``inter_alpha_s``.
+A flat cluster is ``gpus_per_node = 1`` with the ``nvswitch`` fabric: every path is NIC up, NIC down, and
+an uncontended message costs alpha + n beta as on :class:`sim.network.NetworkSpec`'s star.
 
 Presets (:data:`CLUSTER_PRESETS`), each node shape with the source of its numbers; P comes from the run.
 """
@@ -139,11 +148,12 @@ class ClusterSpec:
         return self.intra_alpha_s, 1.0 / self.intra_bandwidth_Bps
 
     def inter_alpha_beta(self) -> tuple[float, float]:
-        """(alpha s, beta s/byte) of an uncontended rank-to-rank message between nodes of one leaf
-        (with ``pcie`` the two PCIe crossings are included: alpha_i + alpha_e, beta_i + beta_e)."""
+        """(alpha s, beta s/byte) of an uncontended rank-to-rank message between nodes of one leaf (with
+        ``pcie`` the two PCIe crossings are included: alpha_i + alpha_e, and the slower of the two bandwidths,
+        beta = max(beta_i, beta_e), since the transfer is pipelined)."""
         a, b = self.inter_alpha_s, 1.0 / self.inter_bandwidth_Bps
         if self.intra == "pcie":
-            a, b = a + self.intra_alpha_s, b + 1.0 / self.intra_bandwidth_Bps
+            a, b = a + self.intra_alpha_s, max(b, 1.0 / self.intra_bandwidth_Bps)
         return a, b
 
     # -- links ------------------------------------------------------------------------------
@@ -158,11 +168,11 @@ class ClusterSpec:
         bw = np.empty(n)
         lev = np.empty(n, dtype=np.int64)
         lat[:2 * P] = self.intra_alpha_s / 2
-        bw[:2 * P] = 2 * self.intra_bandwidth_Bps
+        bw[:2 * P] = self.intra_bandwidth_Bps
         lev[:P], lev[P:2 * P] = 0, 5
         o = 2 * P
         lat[o:o + 2 * M] = self.inter_alpha_s / 2
-        bw[o:o + 2 * M] = 2 * self.inter_bandwidth_Bps
+        bw[o:o + 2 * M] = self.inter_bandwidth_Bps
         lev[o:o + M], lev[o + M:o + 2 * M] = 1, 4
         o += 2 * M
         if L:
@@ -222,8 +232,8 @@ class ClusterSpec:
 #:   per direction (TechPowerUp GPU database: P102-100, bus interface PCIe 1.0 x4), so beta_i = 1 ns/byte;
 #:   alpha_i = 10 us (assumption: a staged cudaMemcpy through host memory). One 1 Gb/s Ethernet NIC per
 #:   node; the inter-node path (which with PCIe includes both PCIe crossings) keeps the end-to-end 1GbE fit
-#:   of the released scripts, alpha = 0.436 ms and beta = 9 ns/byte (COSTS.md), so the NIC's own share is
-#:   alpha_e = 0.426 ms and beta_e = 8 ns/byte.
+#:   of the released scripts, alpha = 0.436 ms and beta = 9 ns/byte (COSTS.md), so the NIC's own latency is
+#:   alpha_e = 0.426 ms and its bandwidth 1 / 9 ns/byte (the pipelined path is paced by the slower link).
 #: - ``"v100-25GbE"``: the MSTopK paper's cloud setting (Shi et al., "Towards scalable distributed training of
 #:   deep learning on public cloud clusters", MLSys 2021): nodes of 8 V100 with NVLink inside and one
 #:   25 Gb/s Ethernet NIC per node. NVLink 2.0: 6 links x 25 GB/s per direction per V100 (NVIDIA Tesla V100
@@ -234,7 +244,7 @@ class ClusterSpec:
 #:   400 Gb/s NICs per node (50 GB/s each), rail-optimised (NIC l serves GPU l). alpha_i = 3 us and
 #:   alpha_e = 5 us are assumptions (NCCL's small-message latencies on such systems are a few us).
 CLUSTER_PRESETS: dict[str, ClusterSpec] = {
-    "gtopk-icdcs": ClusterSpec(1, 4, "pcie", 10e-6, 1e9, 0.436e-3 - 10e-6, 1 / (9e-9 - 1e-9), 1, name="gtopk-icdcs"),
+    "gtopk-icdcs": ClusterSpec(1, 4, "pcie", 10e-6, 1e9, 0.436e-3 - 10e-6, 1 / 9e-9, 1, name="gtopk-icdcs"),
     "v100-25GbE": ClusterSpec(1, 8, "nvswitch", 5e-6, 150e9, 50e-6, 0.9 * 25e9 / 8, 1, name="v100-25GbE"),
     "dgx-h100": ClusterSpec(1, 8, "nvswitch", 3e-6, 450e9, 5e-6, 400e9 / 8, 8, name="dgx-h100"),
 }
