@@ -178,19 +178,32 @@ class FastCluster:
         f = self.fabric
         if isinstance(f, ClusterSpec):
             R = f.routes(s, d)
-            levels = []  # per crossed level: (positions of its messages or None for all, links, lat, bw, state)
-            for lev in range(6):
-                col = R[:, lev]
-                has = col >= 0
-                if not has.any():
-                    continue
-                idx = None if has.all() else np.flatnonzero(has)
-                links = col if idx is None else col[idx]
-                state = None
-                if lev in self._shared:
-                    state = "unique" if np.unique(links).shape[0] == links.shape[0] else "fifo"
-                levels.append((idx, links, self._lat[links], self._bw[links], state))
-            return levels
+            sig = ((R >= 0) * (1 << np.arange(6))).sum(axis=1)  # which levels each message crosses
+            groups = []  # messages crossing the same levels: (positions or None for all, [per level: links, lat, bw, state])
+            for g in np.unique(sig).tolist():
+                idx = np.flatnonzero(sig == g)
+                if idx.shape[0] == s.shape[0]:
+                    idx = None
+                rows = R if idx is None else R[idx]
+                levels = []
+                for lev in range(6):
+                    if not g >> lev & 1:
+                        continue
+                    links = rows[:, lev]
+                    state = None
+                    if lev in self._shared:
+                        state = "unique" if np.unique(links).shape[0] == links.shape[0] else "fifo"
+                    levels.append((links, self._lat[links], self._bw[links], state))
+                groups.append((idx, levels))
+            shared_links = [lv[0] for _, levels in groups for lv in levels if lv[3] is not None]
+            if len(groups) > 1 and shared_links:
+                allsh = np.concatenate(shared_links)
+                mixed = np.unique(allsh).shape[0] < allsh.shape[0]
+            else:
+                mixed = False
+            if mixed:
+                groups = [(None, self._levels_all(R))]  # a link shared across groups: serve all together
+            return groups
         if f.topology in ("direct", "star"):
             return None
         P = self.P  # ring topology: shortest direction, ties clockwise; link ids cw = node, ccw = P + node
@@ -199,39 +212,69 @@ class FastCluster:
         hops = np.where(step == 1, cw, P - cw)
         return step, hops
 
+    def _levels_all(self, R):
+        """Per-level entries for all messages of a round at once (each level with the positions crossing it)."""
+        levels = []
+        for lev in range(6):
+            col = R[:, lev]
+            k = np.flatnonzero(col >= 0)
+            if k.shape[0] == 0:
+                continue
+            links = col[k]
+            state = None
+            if lev in self._shared:
+                state = "unique" if np.unique(links).shape[0] == links.shape[0] else "fifo"
+            levels.append((links, self._lat[links], self._bw[links], state, k))
+        return levels
+
     def _transfer(self, s, nb, start, route):
         """Arrival time of each message (float array (m,)) that leaves its sender at ``start``."""
         f = self.fabric
         if isinstance(f, ClusterSpec):  # pipelined links (sim.topology)
-            head = start
-            tail = np.full(start.shape, -np.inf)
-            for idx, links, lat, bw, state in route:
-                if idx is None:
-                    hd, tl, n = head, tail, nb
+            arrive = np.empty(start.shape)
+            for gidx, levels in route:
+                head = start if gidx is None else start[gidx]
+                n = nb if (gidx is None or np.ndim(nb) == 0) else nb[gidx]
+                order = s if gidx is None else s[gidx]
+                tail = None  # nothing has crossed a link yet
+                for links, lat, bw, state, *sub in levels:
+                    if tail is None and sub:
+                        tail = np.full(head.shape, -np.inf)
+                    if sub:  # levels of a mixed group: only some messages cross this one
+                        k = sub[0]
+                        hd, tl, nn, oo = head[k], tail[k], (n[k] if np.ndim(n) else n), order[k]
+                    else:
+                        hd, tl, nn, oo = head, tail, n, order
+                    hold = nn / bw
+                    if state is None:  # only this rank uses the link: it is free when the head arrives
+                        en = hd + hold if tl is None else np.maximum(hd + hold, tl)
+                        nh = hd + lat  # = hd + ((hd - hd) + lat), the message-level engine's arithmetic
+                    else:
+                        if tl is None:
+                            tl = np.full(hd.shape, -np.inf)
+                        if state == "unique":  # one message on each link this round
+                            if np.any(hd <= self._last_head[links]):
+                                self._overtaken = True
+                            self._last_head[links] = hd
+                            st = np.maximum(hd, self._free[links])
+                            en = np.maximum(st + hold, tl)
+                            self._free[links] = en
+                        else:
+                            st, en, ov = _fifo(links, hd, np.broadcast_to(hold, hd.shape), tl, self._free, oo,
+                                               self._last_head)
+                            self._overtaken |= ov
+                        nh = hd + ((st - hd) + lat)  # the message-level engine's clock arithmetic, bit for bit
+                    if sub:
+                        head = head.copy() if head is start else head
+                        head[k], tail[k] = nh, en + lat
+                    else:
+                        head, tail = nh, en + lat
+                fin = np.where(tail > head, head + (tail - head), head)
+                if gidx is None:
+                    arrive = fin
                 else:
-                    hd, tl, n = head[idx], tail[idx], (nb[idx] if np.ndim(nb) else nb)
-                hold = n / bw
-                if state is None:  # only this rank uses the link: it is free when the head arrives
-                    st = hd
-                    en = np.maximum(st + hold, tl)
-                elif state == "unique":  # one message on each link this round
-                    if np.any(hd <= self._last_head[links]):
-                        self._overtaken = True
-                    self._last_head[links] = hd
-                    st = np.maximum(hd, self._free[links])
-                    en = np.maximum(st + hold, tl)
-                    self._free[links] = en
-                else:
-                    st, en, ov = _fifo(links, hd, np.broadcast_to(hold, hd.shape), tl, self._free,
-                                       s if idx is None else s[idx], self._last_head)
-                    self._overtaken |= ov
-                nh = hd + ((st - hd) + lat)  # the message-level engine's clock arithmetic, bit for bit
-                if idx is None:
-                    head, tail = nh, en + lat
-                else:
-                    head, tail = head.copy(), tail.copy()
-                    head[idx], tail[idx] = nh, en + lat
-            return np.where(tail > head, head + (tail - head), head)
+                    arrive[gidx] = fin
+            return arrive
         lat, bw = f.link_latency_s, f.link_bandwidth_Bps  # store-and-forward links (sim.network)
         hold_all = np.broadcast_to(nb / bw, start.shape)
         if f.topology == "direct":
