@@ -276,6 +276,50 @@ def test_trajectories_bit_identical_to_simulator(P):
         assert times == sorted(times)
 
 
+def _hier_specs(G):
+    return [
+        AlgorithmSpec("dense", collective="hierarchical", gpus_per_node=G),
+        AlgorithmSpec("topk", k=5, collective="hierarchical", gpus_per_node=G),
+        AlgorithmSpec("gtopk", k=5, collective="hierarchical", gpus_per_node=G),
+        AlgorithmSpec("gtopk", k=5, collective="hierarchical", gpus_per_node=G, mask="reference"),
+    ]
+
+
+def hierarchical_job(ctx, G):
+    """Per-rank body: the hierarchical collectives on sines and on crafted ties; trajectories per case."""
+    w, x0 = _objective_workers(ctx.P)
+    cw = CraftedWorkers(ctx.P, 12)
+    out = []
+    for spec in _hier_specs(G):
+        for ww, xx, TT in ((w, x0, T), (cw, np.linspace(-1, 1, 12), 6)):
+            out.append(run_worker(ctx.rank, ctx.P, spec, ww, T=TT, lr=constant_lr, x0=xx, transport=ctx.transport,
+                                  keep_trajectory=True).trajectory)
+    return out
+
+
+def test_hierarchical_collectives_bit_identical_to_simulator_on_2_nodes_of_2():
+    """P = 4 as 2 nodes x 2 local ranks: the torch backend runs the same hierarchical programs and every
+    rank's parameters equal the simulator's (on the hierarchical cluster) bit for bit."""
+    from sim.topology import ClusterSpec
+
+    P, G = 4, 2
+    got = launch_local(P, hierarchical_job, (G,), timeout_s=TIMEOUT)
+    w, x0 = _objective_workers(P)
+    cw = CraftedWorkers(P, 12)
+    cluster = ClusterSpec(2, 2, "pcie", 1e-5, 1e9, 4e-4, 1.25e8)
+    i = 0
+    for spec in _hier_specs(G):
+        for ww, xx, TT in ((w, x0, T), (cw, np.linspace(-1, 1, 12), 6)):
+            traj = []
+            run_algorithm(spec, ww, T=TT, lr=constant_lr, x0=xx, driver="simpy", network=cluster,
+                          on_step=lambda t, outs: traj.append([o.v.copy() for o in outs]))
+            for r in range(P):
+                assert len(got[r][i]) == TT
+                for t in range(TT):
+                    assert np.array_equal(got[r][i][t], traj[t][r]), f"{spec} rank {r} iteration {t + 1}"
+            i += 1
+
+
 def test_backend_allreduce_fast_path_matches_ring_closely():
     P = 3
     got = launch_local(P, allreduce_job, (P,), timeout_s=TIMEOUT)
