@@ -125,7 +125,15 @@ def _print_summary(path):
         where = f"torch backend ({be.get('dist_backend')}, {be.get('nproc')} processes), measured wall times"
         clock = "wall s"
     else:
-        where = f"network alpha = {r['network']['alpha_s']:.3g} s, beta = {r['network']['beta_s_per_byte']:.3g} s/byte"
+        net = r["network"]
+        if "gpus_per_node" in net:
+            where = (f"cluster {net['name']} {net['nodes']} x {net['gpus_per_node']} ({net['intra']}, "
+                     f"{net['nics_per_node']} NIC/node): intra alpha = {net['intra_alpha_s']:.3g} s, "
+                     f"beta = {net['intra_beta_s_per_byte']:.3g} s/byte; inter alpha = {net['alpha_s']:.3g} s, "
+                     f"beta = {net['beta_s_per_byte']:.3g} s/byte")
+        else:
+            where = f"network alpha = {net['alpha_s']:.3g} s, beta = {net['beta_s_per_byte']:.3g} s/byte"
+        where += f"; engine {net.get('engine', 'message')}"
         clock = "sim time s"
     click.echo(f"P = {r['P']}, d = {r['d']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}), "
                f"B = {r['global_batch_B']}, {where}")
@@ -220,33 +228,94 @@ def scenario_keys_cmd():
         click.echo(f"| `{key}` | {typ} | {shown} | {valid} | {desc} |")
 
 
+#: predict's collectives: name -> (algorithm, collective) of the AlgorithmSpec that runs it.
+PREDICT_COLLECTIVES = {
+    "ring": ("dense", "ring"), "recursive_doubling": ("dense", "recursive_doubling"), "allgather": ("topk", "allgather"),
+    "gtopk_tree": ("gtopk", "tree"), "gtopk_rd": ("gtopk", "recursive_doubling"),
+    "hier_dense": ("dense", "hierarchical"), "hier_topk": ("topk", "hierarchical"), "hier_gtopk": ("gtopk", "hierarchical"),
+}
+
+
 @main.command()
-@click.option("--P", "P", default="4,8,16,32,64,128", show_default=True, help="comma-separated worker counts")
+@click.option("--P", "P", default="4,8,16,32,64,128", show_default=True, help="comma-separated worker counts (<= 65536)")
 @click.option("--d", "d", type=int, default=25_000_000, show_default=True, help="parameters")
 @click.option("--density", type=float, default=0.001, show_default=True, help="k/d")
-@click.option("--network", default="1GbE", show_default=True, help="network preset")
+@click.option("--network", default="1GbE", show_default=True,
+              help="flat preset (1GbE, 10GbE, IB100) or cluster preset (gtopk-icdcs, v100-25GbE, dgx-h100)")
+@click.option("--simulate", is_flag=True, help="also simulate each collective and print it next to the closed form")
+@click.option("--engine", type=click.Choice(["auto", "fast", "message"]), default="auto", show_default=True,
+              help="engine of --simulate (message: every message an event; slow beyond P ~ 256)")
+@click.option("--collectives", default=None, help=f"comma-separated subset of {', '.join(PREDICT_COLLECTIVES)}")
 @_user_errors
-def predict(P, d, density, network):
-    """Closed-form communication time per iteration (ms) of each algorithm's collective."""
-    from sim.costs import collective_time
+def predict(P, d, density, network, simulate, engine, collectives):
+    """Communication time per iteration of each collective: closed form (ms), and with --simulate the
+    simulated time (s) next to it, on a flat network or a hierarchical cluster preset."""
+    import time
+
+    from sim.algorithms import AlgorithmSpec
     from sim.errors import check_range
-    from sim.network import get_preset
+    from sim.network import PRESETS, get_preset
+    from sim.timing import closed_form_comm_s, simulate_timing
+    from sim.topology import CLUSTER_PRESETS, get_cluster_preset
 
     check_range("d", d, 1)
     check_range("density", density, 0, 1, lo_open=True)
     try:
         Ps = [int(x) for x in P.split(",")]
     except ValueError:
-        raise SparsimError(f"--P {P!r}: expected comma-separated integers >= 1") from None
+        raise SparsimError(f"--P {P!r}: expected comma-separated integers 1 <= P <= 65536") from None
     for p in Ps:
-        check_range("P", p, 1)
-    alpha, beta = get_preset(network).end_to_end_alpha_beta()
+        check_range("P", p, 1, 65536)
+    hier = network in CLUSTER_PRESETS
+    if not hier and network not in PRESETS:
+        raise SparsimError(f"--network {network!r} is unknown: valid {', '.join(PRESETS)}, {', '.join(CLUSTER_PRESETS)}")
+    clusters = {p: get_cluster_preset(network, p) for p in Ps} if hier else {}
+    default = list(PREDICT_COLLECTIVES) if hier else list(PREDICT_COLLECTIVES)[:5]
+    cols = default if collectives is None else [c.strip() for c in collectives.split(",") if c.strip()]
+    for c in cols:
+        if c not in PREDICT_COLLECTIVES:
+            raise SparsimError(f"--collectives: {c!r} is unknown: valid {', '.join(PREDICT_COLLECTIVES)}")
+        if c.startswith("hier_") and not hier:
+            raise SparsimError(f"--collectives: {c} needs a cluster preset (--network {', '.join(CLUSTER_PRESETS)})")
     k = max(1, round(density * d))
-    cols = ("ring", "recursive_doubling", "allgather", "gtopk_tree", "gtopk_rd")
-    click.echo(f"d = {d}, k = {k}, alpha = {alpha:.3g} s, beta = {beta:.3g} s/byte; times in ms")
-    click.echo(f"{'P':>6}" + "".join(f"{c:>20}" for c in cols))
+    if hier:
+        c0 = clusters[Ps[0]]
+        (ai, bi), (ae, be) = c0.intra_alpha_beta(), c0.inter_alpha_beta()
+        click.echo(f"{network}: {c0.gpus_per_node} GPUs per node ({c0.intra}), {c0.nics_per_node} NIC(s) per node; "
+                   f"intra alpha = {ai:.3g} s, beta = {bi:.3g} s/byte; inter alpha = {ae:.3g} s, beta = {be:.3g} s/byte")
+        click.echo("closed forms of the flat collectives use the inter-node alpha and beta for every message")
+        alpha, beta = ae, be
+    else:
+        alpha, beta = get_preset(network).end_to_end_alpha_beta()
+        click.echo(f"d = {d}, k = {k}, alpha = {alpha:.3g} s, beta = {beta:.3g} s/byte; times in ms")
+
+    def spec_of(c, p):
+        alg, coll = PREDICT_COLLECTIVES[c]
+        G = clusters[p].gpus_per_node if hier else 1
+        return AlgorithmSpec(alg, k=None if alg == "dense" else k, collective=coll, gpus_per_node=G)
+
+    if not simulate:
+        if hier:
+            click.echo(f"d = {d}, k = {k}; times in ms")
+        click.echo(f"{'P':>6}" + "".join(f"{c:>20}" for c in cols))
+        for p in Ps:
+            cl = clusters.get(p)
+            click.echo(f"{p:>6}" + "".join(f"{1e3 * closed_form_comm_s(spec_of(c, p), p, d, alpha, beta, cl):>20.3f}"
+                                           for c in cols))
+        return
+    net = None if hier else get_preset(network)
+    click.echo(f"d = {d}, k = {k}; simulated and closed-form communication time per iteration in s, "
+               f"wall = seconds this machine took to simulate it (engine {engine})")
+    click.echo(f"{'P':>6}  {'collective':<20}{'simulated s':>14}{'closed form s':>15}{'sim/closed':>12}{'wall s':>9}")
     for p in Ps:
-        click.echo(f"{p:>6}" + "".join(f"{1e3 * collective_time(c, p, d, k, alpha, beta):>20.3f}" for c in cols))
+        for c in cols:
+            spec = spec_of(c, p)
+            t0 = time.perf_counter()
+            sim_s = float(simulate_timing(spec, p, d, network=clusters.get(p, net), engine=engine).iter_s[0])
+            wall = time.perf_counter() - t0
+            cf = closed_form_comm_s(spec, p, d, alpha, beta, clusters.get(p))
+            ratio = sim_s / cf if cf > 0 else float("nan")
+            click.echo(f"{p:>6}  {c:<20}{sim_s:>14.6g}{cf:>15.6g}{ratio:>12.4f}{wall:>9.3f}")
 
 
 @main.group()

@@ -26,7 +26,8 @@ from sim.algorithms import AlgorithmSpec
 from sim.compute import ComputeModel
 from sim.data import load_dataset, shard_indices
 from sim.errors import ConfigError
-from sim.network import NetworkSpec, get_preset
+from sim.network import PRESETS, NetworkSpec, get_preset
+from sim.topology import CLUSTER_PRESETS, ClusterSpec, get_cluster_preset
 from sim.objectives import make_objective
 from sim.runner import METRIC_COLUMNS, Workers, run_algorithm
 
@@ -83,26 +84,23 @@ class Built:
         self.k = sc.k_for(self.d)
         if self.k > self.d:
             raise ConfigError(f"compression.k = {self.k} is out of range: valid 1 <= k <= d = {self.d}")
-        cl = sc.cluster
-        if cl.network == "custom":
-            self.network = NetworkSpec.from_alpha_beta(cl.alpha_s, 1.0 / cl.bandwidth_Bps, cl.topology, cl.quantum_s)
-        else:
-            base = get_preset(cl.network)
-            self.network = NetworkSpec(base.topology, base.link_latency_s, base.link_bandwidth_Bps, cl.quantum_s)
+        self.network = build_network(sc.cluster)
+        G = self.network.gpus_per_node if isinstance(self.network, ClusterSpec) else 1
         self.compute = ComputeModel(seed=sc.seed, **sc.compute.model_dump())
         self.x0 = obj.x0(sc.seed)
         c = sc.compression
         self.specs = []
         for name in sc.algorithms:
             if name == "dense":
-                self.specs.append(AlgorithmSpec("dense", collective=c.dense_collective, value_bytes=c.value_bytes))
+                self.specs.append(AlgorithmSpec("dense", collective=c.dense_collective, value_bytes=c.value_bytes,
+                                                gpus_per_node=G))
             elif name in ("topk", "randk"):
-                self.specs.append(AlgorithmSpec(name, k=self.k, value_bytes=c.value_bytes, index_bytes=c.index_bytes,
-                                                seed=sc.seed))
+                self.specs.append(AlgorithmSpec(name, k=self.k, collective=c.topk_collective, value_bytes=c.value_bytes,
+                                                index_bytes=c.index_bytes, seed=sc.seed, gpus_per_node=G))
             else:
                 mask = "reference" if name == "gtopk_reference" else c.gtopk_mask
                 self.specs.append(AlgorithmSpec("gtopk", k=self.k, collective=c.gtopk_collective, mask=mask,
-                                                value_bytes=c.value_bytes, index_bytes=c.index_bytes))
+                                                value_bytes=c.value_bytes, index_bytes=c.index_bytes, gpus_per_node=G))
         tr = sc.training
         B = P * tr.batch_size
         T = tr.iterations
@@ -113,6 +111,49 @@ class Built:
             self.lr = lambda t: a
         else:
             self.lr = lambda t: tr.lr * tr.inverse_a / (tr.inverse_a + t)
+
+
+def build_network(cl) -> "NetworkSpec | ClusterSpec":
+    """The network of a scenario's [cluster] table: a flat :class:`NetworkSpec` (presets 1GbE, 10GbE, IB100,
+    or custom) or a hierarchical :class:`ClusterSpec` (a cluster preset, or ``hierarchical`` from the keys).
+    Raises ConfigError when gpus_per_node does not divide P, for quantum_s > 0 on a hierarchical cluster, and
+    for engine = fast (a run with numerics is simulated message by message)."""
+    if cl.engine == "fast":
+        raise ConfigError("cluster.engine = 'fast' simulates timing-only iterations (sparsim predict --simulate, "
+                          "sparsim experiment scaling); a run with numerics uses the message-level engine: valid "
+                          "engine = auto or message here")
+    if cl.network == "custom":
+        return NetworkSpec.from_alpha_beta(cl.alpha_s, 1.0 / cl.bandwidth_Bps, cl.topology, cl.quantum_s)
+    if cl.network in CLUSTER_PRESETS or cl.network == "hierarchical":
+        if cl.quantum_s > 0:
+            raise ConfigError(f"cluster.quantum_s = {cl.quantum_s} applies to flat networks only: valid 0 with "
+                              f"network = {cl.network!r}")
+        G = CLUSTER_PRESETS[cl.network].gpus_per_node if cl.network in CLUSTER_PRESETS else cl.gpus_per_node
+        if cl.P % G:
+            raise ConfigError(f"cluster.P = {cl.P} is not a multiple of gpus_per_node = {G} (network = {cl.network!r}): "
+                              f"valid P = {G}, {2 * G}, {3 * G}, ...")
+        if cl.network in CLUSTER_PRESETS:
+            return get_cluster_preset(cl.network, cl.P)
+        return ClusterSpec(cl.P // G, G, cl.intra, cl.intra_alpha_s, cl.intra_bandwidth_Bps, cl.alpha_s,
+                           cl.bandwidth_Bps, cl.nics_per_node, cl.nodes_per_leaf, cl.oversubscription,
+                           cl.spine_alpha_s, name="hierarchical")
+    if cl.network not in PRESETS:
+        raise ConfigError(f"cluster.network = {cl.network!r} is unknown: valid {', '.join(PRESETS)}, custom, "
+                          f"{', '.join(CLUSTER_PRESETS)}, hierarchical")
+    base = get_preset(cl.network)
+    return NetworkSpec(base.topology, base.link_latency_s, base.link_bandwidth_Bps, cl.quantum_s)
+
+
+def network_summary(net) -> dict:
+    """summary.json's description of the network: its fields, and the end-to-end alpha (s) and beta (s/byte)
+    of a message between nodes (``alpha_s``, ``beta_s_per_byte``) and, for a hierarchical cluster, inside one
+    (``intra_alpha_s``, ``intra_beta_s_per_byte``), plus the engine the run used."""
+    if isinstance(net, ClusterSpec):
+        (ai, bi), (ae, be) = net.intra_alpha_beta(), net.inter_alpha_beta()
+        return {**asdict(net), "P": net.P, "alpha_s": ae, "beta_s_per_byte": be, "intra_alpha_s": ai,
+                "intra_beta_s_per_byte": bi, "engine": "message"}
+    a, b = net.end_to_end_alpha_beta()
+    return {**asdict(net), "alpha_s": a, "beta_s_per_byte": b, "engine": "message"}
 
 
 def build(sc: Scenario) -> Built:
@@ -283,8 +324,7 @@ def write_run_directory(tmp: Path, sc: Scenario, built: "Built", rows: list[dict
         "resolved": {
             "d": built.d, "k": built.k, "compression_ratio_c": built.d / built.k, "density": built.k / built.d,
             "n_samples": built.objective.n, "P": sc.cluster.P, "global_batch_B": sc.cluster.P * sc.training.batch_size,
-            "network": {**asdict(built.network), "alpha_s": built.network.end_to_end_alpha_beta()[0],
-                        "beta_s_per_byte": built.network.end_to_end_alpha_beta()[1]},
+            "network": network_summary(built.network),
             "lr_first": built.lr(1),
             "objective": type(built.objective).__name__,
             "constants": built.objective.constants(),

@@ -9,9 +9,9 @@ from __future__ import annotations
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sim.errors import ConfigError
 
@@ -34,12 +34,39 @@ class _Strict(BaseModel):
 class ClusterCfg(_Strict):
     """The simulated cluster."""
 
-    P: int = Field(8, ge=1, le=65536, description="workers (ranks)")
-    network: str = Field("1GbE", description="network preset: 1GbE, 10GbE, IB100 or custom (alpha_s, bandwidth_Bps, topology)")
+    P: int = Field(8, ge=1, le=65536, description="workers (ranks); with a hierarchical cluster, nodes = P / gpus_per_node")
+    network: str = Field("1GbE", description="flat presets 1GbE, 10GbE, IB100; custom (alpha_s, bandwidth_Bps, topology); "
+                                             "cluster presets gtopk-icdcs, v100-25GbE, dgx-h100; hierarchical (the keys below)")
     topology: Literal["star", "ring", "direct"] = Field("star", description="topology when network = custom")
-    alpha_s: float = Field(0.436e-3, ge=0, description="custom network: end-to-end latency alpha (s)")
-    bandwidth_Bps: float = Field(1 / 9e-9, gt=0, description="custom network: end-to-end bandwidth (bytes/s); beta = 1/bandwidth s/byte")
-    quantum_s: float = Field(0.0, ge=0, description="time quantum (s); 0 = exact float time, 1e-9 = ASTRA-sim integer ns")
+    alpha_s: float = Field(0.436e-3, ge=0, description="custom: end-to-end latency alpha (s); hierarchical: NIC-to-NIC latency (s)")
+    bandwidth_Bps: float = Field(1 / 9e-9, gt=0, description="custom: end-to-end bandwidth (bytes/s), beta = 1/bandwidth s/byte; "
+                                                             "hierarchical: bandwidth of one NIC (bytes/s)")
+    quantum_s: float = Field(0.0, ge=0, description="time quantum (s); 0 = exact float time, 1e-9 = ASTRA-sim integer ns (flat networks, message-level engine)")
+    gpus_per_node: int = Field(1, ge=1, le=1024, description="hierarchical: ranks per node G (divides P)")
+    nics_per_node: int = Field(1, ge=1, le=1024, description="hierarchical: NICs per node, a divisor of G (1 = one shared NIC, G = rail-optimised)")
+    intra: Literal["nvswitch", "pcie"] = Field("nvswitch", description="hierarchical: intra-node fabric (nvswitch: a switch; pcie: through the host, shared with inter-node traffic)")
+    intra_alpha_s: float = Field(5e-6, ge=0, description="hierarchical: GPU-to-GPU latency inside a node (s)")
+    intra_bandwidth_Bps: float = Field(150e9, gt=0, description="hierarchical: GPU-to-GPU bandwidth inside a node (bytes/s)")
+    nodes_per_leaf: int = Field(0, ge=0, description="hierarchical: nodes per leaf switch of a leaf/spine fat tree; 0 = one non-blocking switch")
+    oversubscription: float = Field(1.0, ge=1, le=1000, description="hierarchical: fat-tree leaf oversubscription (downlink / uplink capacity)")
+    spine_alpha_s: float = Field(0.0, ge=0, description="hierarchical: extra latency of a leaf-spine-leaf crossing (s)")
+    engine: Literal["auto", "message", "fast"] = Field("auto", description="timing engine: message (SimPy, every message an event), fast (vectorised rounds; timing-only), auto")
+
+    #: keys that describe a hierarchical cluster: only meaningful with network = "hierarchical"
+    HIERARCHY_KEYS: ClassVar[tuple[str, ...]] = ("gpus_per_node", "nics_per_node", "intra", "intra_alpha_s",
+                                                 "intra_bandwidth_Bps", "nodes_per_leaf", "oversubscription",
+                                                 "spine_alpha_s")
+
+    @model_validator(mode="after")
+    def _keys_in_use(self):
+        if self.network != "hierarchical":
+            unused = [k for k in self.HIERARCHY_KEYS if k in self.model_fields_set]
+            if unused:
+                raise ValueError(f"{', '.join('cluster.' + k for k in unused)}: "
+                                 f"{'describes' if len(unused) == 1 else 'describe'} a hierarchical cluster, used only "
+                                 f"with network = 'hierarchical' (here network = {self.network!r}; the cluster presets "
+                                 "fix their own)")
+        return self
 
 
 class ComputeCfg(_Strict):
@@ -89,8 +116,12 @@ class CompressionCfg(_Strict):
     k: int | None = Field(None, ge=1, description="selected coordinates per worker (1 <= k <= d); unset: round(density*d), at least 1")
     value_bytes: int = Field(4, ge=1, le=16, description="bytes per transmitted value")
     index_bytes: int = Field(4, ge=0, le=16, description="bytes per transmitted index")
-    dense_collective: Literal["ring", "recursive_doubling"] = Field("ring", description="dense allreduce")
-    gtopk_collective: Literal["tree", "recursive_doubling"] = Field("tree", description="gTop-k collective")
+    dense_collective: Literal["ring", "recursive_doubling", "hierarchical"] = Field(
+        "ring", description="dense allreduce (hierarchical: intra reduce-scatter, inter ring, intra allgather)")
+    topk_collective: Literal["allgather", "hierarchical"] = Field(
+        "allgather", description="Top-k and rand-k allgather (hierarchical: node gather, inter-node Bruck, node broadcast)")
+    gtopk_collective: Literal["tree", "recursive_doubling", "hierarchical"] = Field(
+        "tree", description="gTop-k collective (hierarchical: node tree, inter-node recursive doubling, node broadcast)")
     gtopk_mask: Literal["exact", "reference"] = Field("exact", description="gTop-k residual mask rule")
 
 
@@ -137,6 +168,8 @@ def _format_error(err: ValidationError, where: str) -> str:
     key = ".".join(str(p) for p in e["loc"])
     if e["type"] == "extra_forbidden":
         return f"{where}: unknown key {key!r}"
+    if e["type"] == "value_error" and isinstance(e.get("input"), dict):  # a rule across the keys of a table
+        return f"{where}: {e['msg'].removeprefix('Value error, ')}"
     return f"{where}: {key} = {e.get('input')!r}: {e['msg']}"
 
 

@@ -109,7 +109,7 @@ class FastCluster:
         self.fabric = as_cluster(network, self.P)
         self.model = compute if compute is not None else ComputeModel(forward_backward_s=0.0, select_coeff_s=0.0)
         self.ready = np.zeros(self.P)
-        self.busy = np.zeros((self.P, 3))
+        self._busy = np.zeros((3, self.P))  # by category, each row contiguous
         self.messages = 0
         self.bytes = 0
         self._cache_key = None
@@ -120,9 +120,18 @@ class FastCluster:
         else:  # store-and-forward links; only the ring topology's are shared by these patterns
             self._free = np.zeros(2 * self.P) if self.fabric.topology == "ring" else None
         self._last_head = None if self._free is None else np.full(self._free.shape, -np.inf)
+        # no shared link anywhere: every path is uncontended and costs a closed form (1e-15 relative to the
+        # message-level engine's hop-by-hop sums, which only ties on shared links would need bit for bit)
+        self._unshared = (not self.fabric.shared_levels() if isinstance(self.fabric, ClusterSpec)
+                          else self.fabric.topology in ("star", "direct"))
         self._overtaken = False
         self._ops = None  # the operations of the current step, while recording
         self.event_replays = 0
+
+    @property
+    def busy(self) -> np.ndarray:
+        """Seconds per rank in compute / compress / comm, cumulative: float array (P, 3) (a view)."""
+        return self._busy.T
 
     # -- compute ---------------------------------------------------------------------------
     def compute(self, kind: str, work, iteration: int) -> None:
@@ -133,7 +142,7 @@ class FastCluster:
         if self._ops is not None:
             self._ops.append(("c", CATEGORY_OF_KIND[kind], sec))
         self.ready = self.ready + sec
-        self.busy[:, CATEGORY_OF_KIND[kind]] += sec
+        self._busy[CATEGORY_OF_KIND[kind]] += sec
 
     # -- communication ---------------------------------------------------------------------
     def exchange(self, dst, src, nbytes) -> None:
@@ -170,12 +179,25 @@ class FastCluster:
             new = ready.copy()
             new[s] = arrive
             new[d] = np.maximum(new[d], arrive)
-        self.busy[:, 2] += new - ready
+        comm = self._busy[2]
+        comm += new
+        comm -= ready
         self.ready = new
         self.messages += int(s.shape[0])
 
     def _route(self, s, d):
         f = self.fabric
+        if self._unshared:  # no link is ever shared: a path costs its latencies plus n / its slowest bandwidth
+            if isinstance(f, ClusterSpec):
+                R = f.routes(s, d)
+                has = R >= 0
+                L = np.where(has, self._lat[R], 0.0).sum(axis=1)
+                inv = np.where(has, 1.0 / self._bw[R], 0.0).max(axis=1)
+            else:  # star: two store-and-forward hops; direct: one
+                hops = 2 if f.topology == "star" else 1
+                L = np.full(s.shape, hops * f.link_latency_s)
+                inv = np.full(s.shape, hops / f.link_bandwidth_Bps)
+            return ("sum", L, inv)
         if isinstance(f, ClusterSpec):
             R = f.routes(s, d)
             sig = ((R >= 0) * (1 << np.arange(6))).sum(axis=1)  # which levels each message crosses
@@ -230,6 +252,9 @@ class FastCluster:
     def _transfer(self, s, nb, start, route):
         """Arrival time of each message (float array (m,)) that leaves its sender at ``start``."""
         f = self.fabric
+        if self._unshared:
+            _, L, inv = route
+            return start + (L + nb * inv)
         if isinstance(f, ClusterSpec):  # pipelined links (sim.topology)
             arrive = np.empty(start.shape)
             for gidx, levels in route:
@@ -304,7 +329,7 @@ class FastCluster:
         message served ahead of it in an earlier round (an overtaking the round order cannot represent), the
         step is undone and replayed by :meth:`_event_replay`, a lean event-driven evaluation of the same
         recorded rounds in global time order. Either way the times are the message-level engine's."""
-        snap = (self.ready.copy(), self.busy.copy(), self.messages, self.bytes,
+        snap = (self.ready.copy(), self._busy.copy(), self.messages, self.bytes,
                 None if self._free is None else (self._free.copy(), self._last_head.copy()))
         self._ops, self._overtaken = [], False
         try:
@@ -313,7 +338,7 @@ class FastCluster:
         finally:
             self._ops = None
         if self._overtaken:
-            self.ready, self.busy, self.messages, self.bytes = snap[0], snap[1], snap[2], snap[3]
+            self.ready, self._busy, self.messages, self.bytes = snap[0], snap[1], snap[2], snap[3]
             self._free[:], self._last_head[:] = snap[4]
             self.event_replays += 1
             self._event_replay(ops)
