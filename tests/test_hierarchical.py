@@ -192,3 +192,87 @@ def test_bad_cluster_values_name_the_value_and_the_range(make, needle):
 def test_hierarchical_collective_needs_g_dividing_p():
     with pytest.raises(SparsimError, match="gpus_per_node = 4 does not divide P = 6"):
         run_lockstep([C.hier_gtopk(r, 6, 4, Sparse(np.array([0]), np.array([1.0]), 5), 1) for r in range(6)])
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+def _cli(args):
+    from click.testing import CliRunner
+
+    from experiments.cli import main
+
+    return CliRunner().invoke(main, args)
+
+
+def test_readme_key_table_is_the_schema():
+    """The README's key table is what ``sparsim scenario keys`` prints (units, ranges, the new cluster keys)."""
+    from pathlib import Path
+
+    r = _cli(["scenario", "keys"])
+    assert r.exit_code == 0
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert r.output.strip() in readme
+    for key in ("cluster.gpus_per_node", "cluster.nics_per_node", "cluster.intra_bandwidth_Bps",
+                "cluster.oversubscription", "cluster.engine", "compression.topk_collective"):
+        assert f"`{key}`" in r.output
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["cluster.network=\"hierarchical\"", "cluster.gpus_per_node=3", "cluster.P=8"],
+     "cluster.P = 8 is not a multiple of gpus_per_node = 3"),
+    (["cluster.network=\"dgx-h100\"", "cluster.P=12"], "cluster.P = 12 is not a multiple of gpus_per_node = 8"),
+    (["cluster.network=\"dgx-a100\""], "cluster.network = 'dgx-a100' is unknown: valid 1GbE"),
+    (["cluster.network=\"hierarchical\"", "cluster.intra_bandwidth_Bps=0"], "cluster.intra_bandwidth_Bps = 0"),
+    (["cluster.network=\"hierarchical\"", "cluster.oversubscription=0.5"], "cluster.oversubscription = 0.5"),
+    (["cluster.network=\"hierarchical\"", "cluster.gpus_per_node=0"], "cluster.gpus_per_node = 0"),
+    (["cluster.gpus_per_node=4"], "cluster.gpus_per_node: describes a hierarchical cluster, used only with network"),
+    (["cluster.engine=\"fast\""], "cluster.engine = 'fast' simulates timing-only iterations"),
+    (["cluster.network=\"dgx-h100\"", "cluster.quantum_s=1e-9"], "cluster.quantum_s = 1e-09 applies to flat networks"),
+])
+def test_bad_cluster_scenarios_are_one_line_exit_2_and_leave_nothing(tmp_path, sets, needle):
+    out = tmp_path / "run"
+    r = _cli(["run", "--out", str(out), "--quiet", *[x for s in sets for x in ("--set", s)]])
+    assert r.exit_code == 2
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_run_on_a_cluster_preset_with_the_hierarchical_collectives(tmp_path):
+    import json
+
+    out = tmp_path / "run"
+    r = _cli(["run", "--out", str(out), "--set", "cluster.network=\"gtopk-icdcs\"", "--set", "training.iterations=3",
+              "--set", "compression.dense_collective=\"hierarchical\"", "--set", "compression.topk_collective=\"hierarchical\"",
+              "--set", "compression.gtopk_collective=\"hierarchical\""])
+    assert r.exit_code == 0, r.output
+    assert "cluster gtopk-icdcs 2 x 4 (pcie, 1 NIC/node)" in r.output and "engine message" in r.output
+    net = json.loads((out / "summary.json").read_text())["resolved"]["network"]
+    assert (net["nodes"], net["gpus_per_node"], net["engine"]) == (2, 4, "message")
+    assert net["alpha_s"] == pytest.approx(0.436e-3) and net["beta_s_per_byte"] == pytest.approx(9e-9)
+
+
+def test_predict_simulate_on_the_dgx_preset_prints_simulated_and_closed_forms():
+    r = _cli(["predict", "--simulate", "--network", "dgx-h100", "--P", "64,4096",
+              "--collectives", "hier_dense,hier_gtopk,allgather"])
+    assert r.exit_code == 0, r.output
+    rows = [ln.split() for ln in r.output.splitlines() if ln.strip().split()[:1] in (["64"], ["4096"])]
+    assert len(rows) == 6
+    for row in rows:  # contention-free rail cluster: the hierarchical collectives equal their closed forms
+        if row[1].startswith("hier_"):
+            assert float(row[2]) == pytest.approx(float(row[3]), rel=1e-5)
+    dgx = get_cluster_preset("dgx-h100", 4096)
+    want = costs.hier_gtopk_time(512, 8, 25_000, *dgx.intra_alpha_beta(), *dgx.inter_alpha_beta())
+    got = [float(r_[2]) for r_ in rows if r_[:2] == ["4096", "hier_gtopk"]][0]
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--network", "dgx-h100", "--P", "12"], "P = 12 is not a multiple of gpus_per_node = 8"),
+    (["--network", "nope"], "--network 'nope' is unknown"),
+    (["--P", "70000"], "P = 70000 is out of range: valid 1 <= P <= 65536"),
+    (["--collectives", "hier_gtopk"], "hier_gtopk needs a cluster preset"),
+    (["--collectives", "warp"], "'warp' is unknown"),
+])
+def test_predict_bad_input(args, needle):
+    r = _cli(["predict", *args])
+    assert r.exit_code == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
