@@ -116,16 +116,18 @@ def collective_time(name: str, P: int, d: int, k: int, alpha: float, beta: float
 
 
 def hier_allreduce_time(N: int, G: int, d: int, alpha_i: float, beta_i: float, alpha_e: float, beta_e: float,
-                        value_bytes: int = 4) -> float:
+                        value_bytes: int = 4, nic_share: int = 1) -> float:
     """Two-level dense allreduce of d values (:func:`sim.collectives.hier_allreduce`):
-    2(G-1)(alpha_i + ceil(d/G) v beta_i) + 2(N-1)(alpha_e + ceil(ceil(d/G)/N) v beta_e), v = value_bytes;
-    with G N dividing d, n = d v: 2(G-1)(alpha_i + n/G beta_i) + 2(N-1)(alpha_e + n/(G N) beta_e) (COSTS.md).
-    Exact when G N divides d; otherwise the chunks differ by one element and this is the time paced by the
-    largest in every step."""
+    2(G-1)(alpha_i + ceil(d/G) v beta_i) + 2(N-1)(alpha_e + S ceil(ceil(d/G)/N) v beta_e), v = value_bytes,
+    S = nic_share; with G N dividing d, n = d v: 2(G-1)(alpha_i + n/G beta_i) + 2(N-1)(alpha_e + S n/(G N) beta_e)
+    (COSTS.md). S = 1: one NIC per GPU (rail-optimised), exact on a contention-free cluster when G N divides d
+    (otherwise the time paced by the largest chunk in every step). S = G / nics_per_node: the S inter-node
+    rings that share a NIC served back to back (COSTS.md's shared-NIC form, an upper bound: the simulation
+    overlaps part of their latencies)."""
     c = -(-d // G)
     t = 2 * (G - 1) * (alpha_i + c * value_bytes * beta_i)
     if N > 1:
-        t += 2 * (N - 1) * (alpha_e + -(-c // N) * value_bytes * beta_e)
+        t += 2 * (N - 1) * (alpha_e + nic_share * -(-c // N) * value_bytes * beta_e)
     return t
 
 

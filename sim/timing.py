@@ -190,20 +190,21 @@ def closed_form_comm_s(spec: AlgorithmSpec, P: int, d: int, alpha: float, beta: 
     """The :mod:`sim.costs` closed form (s) of ``spec``'s collective on P ranks (alpha s, beta s/byte).
 
     For the ``"hierarchical"`` collectives pass ``cluster`` (a :class:`~sim.topology.ClusterSpec`): its intra-
-    and inter-node alpha and beta are used (alpha and beta are then ignored); without one, the hierarchy is
-    ``spec.gpus_per_node`` ranks per node with alpha and beta everywhere."""
+    and inter-node alpha and beta are used (alpha and beta are then ignored), and for the dense allreduce the
+    GPUs sharing a NIC (:func:`sim.costs.hier_allreduce_time`'s nic_share: an upper bound when > 1); without
+    one, the hierarchy is ``spec.gpus_per_node`` ranks per node with alpha and beta everywhere."""
     from . import costs
 
     vb, ib, exact = spec.value_bytes, spec.index_bytes, spec.mask == "exact"
     if spec.collective == "hierarchical":
         if cluster is not None:
-            G = cluster.gpus_per_node
+            G, share = cluster.gpus_per_node, cluster.gpus_per_node // cluster.nics_per_node
             (ai, bi), (ae, be) = cluster.intra_alpha_beta(), cluster.inter_alpha_beta()
         else:
-            G, ai, bi, ae, be = spec.gpus_per_node, alpha, beta, alpha, beta
+            G, share, ai, bi, ae, be = spec.gpus_per_node, 1, alpha, beta, alpha, beta
         N = P // G
         if spec.name == "dense":
-            return costs.hier_allreduce_time(N, G, d, ai, bi, ae, be, vb)
+            return costs.hier_allreduce_time(N, G, d, ai, bi, ae, be, vb, nic_share=share)
         if spec.name in ("topk", "randk"):
             return costs.hier_topk_time(N, G, spec.k, ai, bi, ae, be, vb, ib)
         return costs.hier_gtopk_time(N, G, spec.k, ai, bi, ae, be, vb, ib, exact)
