@@ -1,46 +1,69 @@
 """``sparsim experiment scaling``: the ICDCS 2019 scaling study (Shi et al., gTop-k S-SGD) in simulation.
 
-Simulated iteration time and scaling efficiency against P for dense S-SGD (ring allreduce), Top-k S-SGD
-(Bruck allgather) and gTop-k S-SGD (binomial tree reduce + broadcast, the ICDCS algorithm) on the 1 GbE
-preset (alpha = 0.436 ms, beta = 9 ns/byte), with the parameter counts of ResNet-20, VGG-16, AlexNet and
-ResNet-50, density k/d = 0.001 and 4 + 4 bytes per sparse element; the released code's variant
-(``gtopk_released``: 8 + 8 bytes per element, the reference mask rule, no mask bytes) is reported beside it.
+Simulated iteration time and scaling efficiency against P (up to 16384 ranks) for dense S-SGD (ring
+allreduce), Top-k S-SGD (Bruck allgather) and gTop-k S-SGD (binomial tree reduce + broadcast, the ICDCS
+algorithm) on the 1 GbE preset (alpha = 0.436 ms, beta = 9 ns/byte), with the parameter counts of ResNet-20,
+VGG-16, AlexNet and ResNet-50, density k/d = 0.001 and 4 + 4 bytes per sparse element; the released code's
+variant (``gtopk_released``: 8 + 8 bytes per element, the reference mask rule, no mask bytes) is reported
+beside it.
+
+Two network models of the published runs:
+
+- **flat** (:data:`NETWORK`): every rank alone on a 1 GbE star, alpha + n beta per message, no contention;
+- **4-GPU nodes** (:data:`CLUSTER`, :func:`sim.topology.get_cluster_preset` ``"gtopk-icdcs"``): the authors'
+  cluster as the released launch script runs it (``nwpernode=4``): 4 GPUs per node on PCIe (alpha_i = 10 us,
+  beta_i = 1 ns/byte), one 1 GbE NIC per node shared by its 4 GPUs (queueing on it simulated), inter-node
+  path = the same 1 GbE fit. At P = 4 all traffic stays inside one node. The released code's flat
+  algorithms (:data:`VARIANTS` ``dense``, ``topk``, ``gtopk``) run over it; the hierarchical collectives
+  (:data:`HIER_VARIANTS`: intra-node stage, inter-node stage between nodes, intra-node stage) are reported
+  beside them as what a hierarchy-aware implementation would get on the same cluster.
 
 Model of one iteration on each worker (timing-only mode, :mod:`sim.timing`: message sizes without data):
 
 - ``forward_backward`` = batch / single-GPU throughput (s), from the released ICDCS scripts (COSTS.md);
 - ``select`` (sparse algorithms) = 2.19e-10 s * d log2 d, the authors' top-k time fit (ComputeModel default);
-- the collective, message by message on a contention-free star switch (SimPy, :class:`sim.cluster.SimCluster`).
+- the collective, round by round on the fast engine (``engine="auto"``, :mod:`sim.fastsim`: the same
+  simulated times as the message-level SimPy engine, thousands of ranks in seconds).
 
 Scaling efficiency (the ICDCS scripts' definition, COSTS.md) = per-worker throughput at P / single-GPU
 throughput = (batch / t_iter(P)) / (batch / t_compute) = t_compute / t_iter(P), in %.
 
 Outputs (built in ``DIR.partial``, renamed when complete; finished cases in ``cases/`` are reused):
-``scaling.csv`` (:data:`SCALING_COLUMNS`), ``ratios.csv`` (:data:`RATIO_COLUMNS`: published vs simulated
-efficiencies and headline ratios with relative errors), ``crossover.csv`` (:data:`CROSSOVER_COLUMNS`),
-``breakdown.csv`` (published per-iteration breakdown at P = 32 vs the model), ``scaling.png`` / ``.pdf``
-and ``report.md`` (the Markdown tables, also printed).
+``scaling.csv`` (:data:`SCALING_COLUMNS`, flat model), ``cluster.csv`` (:data:`CLUSTER_COLUMNS`: the same
+cases on the 4-GPU-node cluster, flat and hierarchical collectives), ``hierarchy.csv``
+(:data:`HIERARCHY_COLUMNS`: published vs flat vs 4-GPU-node efficiencies, one row per (model, P, algorithm)),
+``ratios.csv`` (:data:`RATIO_COLUMNS`: published vs simulated efficiencies and headline ratios with relative
+errors), ``crossover.csv`` (:data:`CROSSOVER_COLUMNS`), ``breakdown.csv`` (published per-iteration breakdown
+at P = 32 vs the model), ``scaling.png`` / ``.pdf``, ``hierarchy.png`` / ``.pdf`` and ``report.md`` (the
+Markdown tables, also printed).
 """
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from sim.algorithms import AlgorithmSpec
 from sim.compute import ComputeModel
 from sim.costs import ring_allreduce_time, topk_allgather_time
+from sim.errors import SparsimError
 from sim.network import get_preset
+from sim.topology import get_cluster_preset
 
 from .outdir import check_out, partial_dir, publish, save_figure, write_csv
 from .sweep import map_jobs
 
-__all__ = ["ModelSpec", "MODELS", "VARIANTS", "ScalingPlan", "plan", "variant_spec", "simulate_case",
-           "crossover_closed_form", "crossover_simulated", "run_scaling", "SCALING_COLUMNS", "RATIO_COLUMNS",
-           "CROSSOVER_COLUMNS", "NETWORK", "DENSITY", "SELECT_COEFF_S", "PUBLISHED_P"]
+__all__ = ["ModelSpec", "MODELS", "VARIANTS", "HIER_VARIANTS", "ScalingPlan", "plan", "variant_spec",
+           "simulate_case", "simulate_cluster_case", "crossover_closed_form", "crossover_simulated", "crossover_rows",
+           "hierarchy_rows", "hierarchy_summary", "run_scaling", "SCALING_COLUMNS", "CLUSTER_COLUMNS",
+           "HIERARCHY_COLUMNS", "RATIO_COLUMNS", "CROSSOVER_COLUMNS", "NETWORK", "CLUSTER", "DENSITY",
+           "SELECT_COEFF_S", "PUBLISHED_P", "SIM_P_MAX"]
 
 NETWORK = "1GbE"
+#: The hierarchical model of the published runs: the gTop-k authors' cluster (sim.topology preset).
+CLUSTER = "gtopk-icdcs"
 DENSITY = 0.001
 #: Top-k selection time fit on the ICDCS GPU (P102-100): t = c x log2 x seconds (COSTS.md).
 SELECT_COEFF_S = 2.19e-10
@@ -48,6 +71,8 @@ SELECT_COEFF_S = 2.19e-10
 PUBLISHED_P = (4, 8, 16, 32)
 #: Largest P searched by the closed-form crossover.
 CROSSOVER_P_MAX = 65536
+#: Largest P simulated (scaling sweep and simulated crossover search of the full run).
+SIM_P_MAX = 16384
 
 
 @dataclass(frozen=True)
@@ -101,6 +126,18 @@ VARIANTS = {
     "gtopk_released": ("gtopk", "tree", "reference", 8, 8),
 }
 MAIN_VARIANTS = ("dense", "topk", "gtopk")
+#: Hierarchical collectives (on :data:`CLUSTER` only): name -> (algorithm, collective, mask, value_bytes,
+#: index_bytes); ``gpus_per_node`` comes from the cluster. ``<alg>_hier`` is the hierarchy-aware counterpart of
+#: ``<alg>``: dense = intra-node reduce-scatter, inter-node ring per local rank, intra-node allgather;
+#: topk = intra-node gather, inter-node Bruck allgather of node blocks, intra-node broadcast; gtopk =
+#: intra-node tree reduce, inter-node recursive doubling, intra-node broadcast (:mod:`sim.collectives`).
+HIER_VARIANTS = {
+    "dense_hier": ("dense", "hierarchical", "exact", 4, 0),
+    "topk_hier": ("topk", "hierarchical", "exact", 4, 4),
+    "gtopk_hier": ("gtopk", "hierarchical", "exact", 4, 4),
+}
+#: Variants simulated on :data:`CLUSTER`: the released code's flat algorithms, then the hierarchical ones.
+CLUSTER_VARIANTS = MAIN_VARIANTS + tuple(HIER_VARIANTS)
 
 SCALING_COLUMNS = ("model", "variant", "algorithm", "collective", "mask", "element_bytes", "d", "k", "batch", "P",
                    "iterations", "t_iter_s", "t_compute_s", "t_select_s", "t_comm_s", "comm_closed_form_s",
@@ -108,11 +145,30 @@ SCALING_COLUMNS = ("model", "variant", "algorithm", "collective", "mask", "eleme
 RATIO_COLUMNS = ("kind", "model", "quantity", "P", "published", "simulated", "rel_error")
 CROSSOVER_COLUMNS = ("model", "d", "density", "k", "crossover_closed_form", "crossover_simulated", "agree",
                      "sim_p_max", "sim_evaluated_P", "crossover_iter_closed_form", "note")
+#: ``cluster.csv``: :data:`SCALING_COLUMNS` plus the cluster (preset name, nodes, GPUs per node). Its
+#: comm_closed_form_s is the sim.costs closed form: for the flat algorithms inside one node (P <= G, intra-node
+#: alpha and beta, exact there) and for the hierarchical collectives (:func:`sim.timing.closed_form_comm_s`
+#: with the cluster: intra- and inter-node alpha and beta; for the dense allreduce with GPUs sharing a NIC a
+#: bound, so comm_rel_diff shows how far the simulated queueing on the NIC is from it); empty for the flat
+#: algorithms across nodes (no closed form models their NIC queueing).
+CLUSTER_COLUMNS = SCALING_COLUMNS + ("cluster", "nodes", "gpus_per_node")
+#: ``hierarchy.csv``, one row per (model, P, algorithm): published efficiency (%, empty beyond P = 32), the
+#: flat model's (scaling.csv) and the 4-GPU-node model's (cluster.csv, the released flat algorithm) with
+#: relative errors (simulated - published) / published, the hierarchical collective's efficiency on the same
+#: cluster, and the three iteration times (s).
+HIERARCHY_COLUMNS = ("model", "P", "algorithm", "cluster", "nodes", "gpus_per_node", "published_pct", "flat_pct",
+                     "flat_rel_error", "cluster_pct", "cluster_rel_error", "hier_pct", "flat_t_iter_s",
+                     "cluster_t_iter_s", "hier_t_iter_s", "cluster_over_flat_comm", "hier_comm_closed_form_s",
+                     "hier_comm_rel_diff")
 
 
 @dataclass(frozen=True)
 class ScalingPlan:
-    """Models, worker counts, crossover densities and the largest P the crossover simulation may use."""
+    """Models, worker counts, crossover densities and the largest P the crossover simulation may use.
+
+    cluster: :mod:`sim.topology` preset of the hierarchical model ("" for none), simulated at every P of
+    ``Ps`` with ``cluster_variants`` (each P must be a multiple of the preset's GPUs per node).
+    """
 
     models: tuple[str, ...]
     Ps: tuple[int, ...]
@@ -121,27 +177,37 @@ class ScalingPlan:
     sim_p_max: int
     iterations: int = 1
     note: str = ""
+    cluster: str = CLUSTER
+    cluster_variants: tuple[str, ...] = CLUSTER_VARIANTS
 
 
 def plan(quick: bool = False) -> ScalingPlan:
-    """Full: four models, P = 4..128, crossover at density 0.001 and 0.01 (simulated up to P = 128).
+    """Full: four models, P = 4, 8, ..., 16384 on both network models, crossover at density 0.001 and 0.01
+    (simulated search up to P = 16384; about 3 min on 2 cores, most of it the dense ring at P >= 4096).
 
-    Quick (CI): ResNet-50 only, P = 4..32, crossover at density 0.05 (simulated up to P = 32, where the
-    crossover falls; at 0.001 it is beyond 1000 ranks for every model).
+    Quick (CI, a few seconds): ResNet-50 only, P = 4..32 on both network models, crossover at density 0.05
+    (where it falls at P = 21, so the simulated search, allowed up to P = 16384, stops at P = 32).
     """
     if quick:
-        return ScalingPlan(("ResNet-50",), (4, 8, 16, 32), tuple(VARIANTS), (0.05,), 32,
+        return ScalingPlan(("ResNet-50",), (4, 8, 16, 32), tuple(VARIANTS), (0.05,), SIM_P_MAX,
                            note="quick size: ResNet-50 only, P = 4..32; crossover at density 0.05 "
-                                "(at 0.001 it lies beyond 1000 ranks, too far for a message-level CI run)")
-    return ScalingPlan(tuple(MODELS), (4, 8, 16, 32, 64, 128), tuple(VARIANTS), (0.001, 0.01), 128)
+                                "(at 0.001 it lies beyond 1000 ranks: see the full run)")
+    Ps = tuple(2 ** e for e in range(2, SIM_P_MAX.bit_length()))
+    return ScalingPlan(tuple(MODELS), Ps, tuple(VARIANTS), (0.001, 0.01), SIM_P_MAX)
 
 
-def variant_spec(variant: str, k: int) -> AlgorithmSpec:
-    """The :class:`AlgorithmSpec` of a :data:`VARIANTS` name with k selected elements per worker."""
-    alg, coll, mask, vb, ib = VARIANTS[variant]
+def variant_spec(variant: str, k: int, gpus_per_node: int = 1) -> AlgorithmSpec:
+    """The :class:`AlgorithmSpec` of a :data:`VARIANTS` or :data:`HIER_VARIANTS` name with k selected
+    elements per worker; ``gpus_per_node`` (G) is set on the hierarchical ones. Raises SparsimError for an
+    unknown name (listing the valid ones)."""
+    try:
+        alg, coll, mask, vb, ib = {**VARIANTS, **HIER_VARIANTS}[variant]
+    except KeyError:
+        raise SparsimError(f"variant = {variant!r} is unknown: valid {', '.join([*VARIANTS, *HIER_VARIANTS])}") from None
+    G = gpus_per_node if coll == "hierarchical" else 1
     if alg == "dense":
-        return AlgorithmSpec("dense", collective=coll, value_bytes=vb)
-    return AlgorithmSpec(alg, k=k, collective=coll, mask=mask, value_bytes=vb, index_bytes=ib)
+        return AlgorithmSpec("dense", collective=coll, value_bytes=vb, gpus_per_node=G)
+    return AlgorithmSpec(alg, k=k, collective=coll, mask=mask, value_bytes=vb, index_bytes=ib, gpus_per_node=G)
 
 
 def _alpha_beta():
@@ -163,7 +229,7 @@ def simulate_case(model: str, variant: str, P: int, iterations: int = 1) -> dict
     fb = m.compute_s()
     cm = ComputeModel(forward_backward_s=fb, select_coeff_s=SELECT_COEFF_S)
     res = simulate_timing(spec, P, m.d, network=get_preset(NETWORK), compute=cm, batch_size=m.batch,
-                          iterations=iterations)
+                          iterations=iterations, engine="auto")
     t_iter = float(res.iter_s.mean())
     t_comm = t_iter - res.compute_s - res.compress_s
     a, b = _alpha_beta()
@@ -176,6 +242,43 @@ def simulate_case(model: str, variant: str, P: int, iterations: int = 1) -> dict
             "comm_closed_form_s": cf, "comm_rel_diff": (t_comm - cf) / cf if cf else 0.0,
             "efficiency_pct": 100.0 * fb / t_iter, "per_worker_samples_per_s": m.batch / t_iter,
             "messages": res.messages, "bytes": res.bytes}
+
+
+def simulate_cluster_case(model: str, variant: str, P: int, iterations: int = 1, cluster: str = CLUSTER) -> dict:
+    """Simulate one (model, variant, P) on the ``cluster`` preset with P ranks; return its :data:`CLUSTER_COLUMNS` row.
+
+    variant: one of :data:`CLUSTER_VARIANTS` (flat algorithms running over the hierarchy, or the hierarchical
+    collectives with G = the preset's GPUs per node). Same compute model and efficiency as
+    :func:`simulate_case`; t_comm_s = t_iter - t_compute - t_select (s). comm_closed_form_s: see
+    :data:`CLUSTER_COLUMNS` (None for the flat algorithms across nodes). Raises ConfigError when P is not a
+    multiple of the preset's GPUs per node.
+    """
+    from sim.timing import closed_form_comm_s, simulate_timing
+
+    m = MODELS[model]
+    cl = get_cluster_preset(cluster, P)
+    G = cl.gpus_per_node
+    spec = variant_spec(variant, m.k, G)
+    fb = m.compute_s()
+    cm = ComputeModel(forward_backward_s=fb, select_coeff_s=SELECT_COEFF_S)
+    res = simulate_timing(spec, P, m.d, network=cl, compute=cm, batch_size=m.batch, iterations=iterations,
+                          engine="auto")
+    t_iter = float(res.iter_s.mean())
+    t_comm = t_iter - res.compute_s - res.compress_s
+    if spec.collective == "hierarchical":
+        cf = closed_form_comm_s(spec, P, m.d, 0.0, 0.0, cluster=cl)
+    elif cl.nodes == 1:  # one node: every message GPU to GPU on the intra-node fabric, uncontended
+        cf = closed_form_comm_s(spec, P, m.d, *cl.intra_alpha_beta())
+    else:
+        cf = None
+    return {"model": model, "variant": variant, "algorithm": spec.name, "collective": spec.collective,
+            "mask": spec.mask if spec.name == "gtopk" else "", "element_bytes": spec.value_bytes + (
+                spec.index_bytes if spec.name != "dense" else 0),
+            "d": m.d, "k": m.k if spec.name != "dense" else m.d, "batch": m.batch, "P": P, "iterations": iterations,
+            "t_iter_s": t_iter, "t_compute_s": res.compute_s, "t_select_s": res.compress_s, "t_comm_s": t_comm,
+            "comm_closed_form_s": cf, "comm_rel_diff": None if not cf else (t_comm - cf) / cf,
+            "efficiency_pct": 100.0 * fb / t_iter, "per_worker_samples_per_s": m.batch / t_iter,
+            "messages": res.messages, "bytes": res.bytes, "cluster": cluster, "nodes": cl.nodes, "gpus_per_node": G}
 
 
 # ----------------------------------------------------------------------------- crossover
@@ -196,26 +299,35 @@ def crossover_closed_form(d: int, k: int, alpha: float, beta: float, p_max: int 
 
 
 def _sim_comm(spec: AlgorithmSpec, P: int, d: int) -> float:
+    """Simulated time (s) of ``spec``'s collective alone (zero compute) on P ranks of the flat network."""
     from sim.timing import simulate_timing
 
-    return float(simulate_timing(spec, P, d, network=get_preset(NETWORK)).iter_s[0])
+    return float(simulate_timing(spec, P, d, network=get_preset(NETWORK), engine="auto").iter_s[0])
 
 
-def crossover_simulated(d: int, k: int, p_max: int) -> tuple[int | None, list[int]]:
+def crossover_simulated(d: int, k: int, p_max: int, dense_cache: dict | None = None) -> tuple[int | None, list[int]]:
     """Smallest P <= p_max where the *simulated* Top-k allgather is slower than the simulated dense ring.
 
-    Message-level, timing-only simulation of the two collectives alone (zero compute). Search: the
-    powers of two 2, 4, ... up to p_max (and p_max), then bisection by simulation between the last P where
-    Top-k is not slower and the first where it is (assumes one sign change in that bracket, which the
-    closed forms show for these models). Returns (crossover or None, the P simulated, ascending).
+    Timing-only simulation (fast engine, exact) of the two collectives alone (zero compute) on the flat
+    network. Search: the powers of two 2, 4, ... up to p_max (and p_max); then, between the last P where
+    Top-k is not slower (lo) and the first where it is (hi), by simulation: the first integer at or above
+    the root of the chord through (lo, f(lo)) and (hi, f(hi)), f = t_topk - t_dense, and its neighbour
+    across the root (f is nearly linear inside a power-of-two bracket, so this usually closes the bracket
+    in two or four simulations); a bisection step whenever a chord step fails to halve the bracket.
+    Assumes one sign change in the bracket, which the closed forms show for these models.
+    dense_cache: {P: simulated dense ring s} for this d, shared between searches at other densities (the
+    ring does not depend on k); filled here. Returns (crossover or None, the P simulated, ascending).
     """
     dense, top = variant_spec("dense", k), variant_spec("topk", k)
-    cache: dict[int, bool] = {}
+    dc = {} if dense_cache is None else dense_cache
+    diff: dict[int, float] = {}
 
-    def slower(P):
-        if P not in cache:
-            cache[P] = _sim_comm(top, P, d) > _sim_comm(dense, P, d)
-        return cache[P]
+    def f(P):
+        if P not in diff:
+            if P not in dc:
+                dc[P] = _sim_comm(dense, P, d)
+            diff[P] = _sim_comm(top, P, d) - dc[P]
+        return diff[P]
 
     grid = []
     P = 2
@@ -225,30 +337,48 @@ def crossover_simulated(d: int, k: int, p_max: int) -> tuple[int | None, list[in
     grid.append(p_max)
     lo, hi = 1, None
     for P in grid:
-        if slower(P):
+        if f(P) > 0:
             hi = P
             break
         lo = P
     if hi is None:
-        return None, sorted(cache)
+        return None, sorted(diff)
+    chord = lo >= 2  # f(1) is not simulated (no communication at P = 1)
     while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if slower(mid):
-            hi = mid
+        width = hi - lo
+        if chord:
+            flo, fhi = f(lo), f(hi)
+            m = lo + math.ceil((hi - lo) * -flo / (fhi - flo)) if fhi > flo else (lo + hi) // 2
+            m = min(max(m, lo + 1), hi - 1)
+            probes = (m, m - 1) if f(m) > 0 else (m, m + 1)
         else:
-            lo = mid
-    return hi, sorted(cache)
+            probes = ((lo + hi) // 2,)
+        for q in probes:
+            if lo < q < hi:
+                if f(q) > 0:
+                    hi = q
+                else:
+                    lo = q
+        chord = 2 * (hi - lo) <= width
+    return hi, sorted(diff)
 
 
-def crossover_row(model: str, density: float, sim_p_max: int) -> dict:
-    """The :data:`CROSSOVER_COLUMNS` row of ``model`` at ``density`` (k = round(density d), 4 + 4 bytes)."""
+def crossover_rows(model: str, densities: tuple[float, ...], sim_p_max: int) -> list[dict]:
+    """The :data:`CROSSOVER_COLUMNS` rows of ``model`` at each density, the simulated dense ring shared."""
+    cache: dict[int, float] = {}
+    return [crossover_row(model, dens, sim_p_max, cache) for dens in densities]
+
+
+def crossover_row(model: str, density: float, sim_p_max: int, dense_cache: dict | None = None) -> dict:
+    """The :data:`CROSSOVER_COLUMNS` row of ``model`` at ``density`` (k = round(density d), 4 + 4 bytes).
+    dense_cache: see :func:`crossover_simulated`."""
     m = MODELS[model]
     k = max(1, round(density * m.d))
     a, b = _alpha_beta()
     cf = crossover_closed_form(m.d, k, a, b)
     sel = SELECT_COEFF_S * m.d * math.log2(m.d)
     cf_iter = crossover_closed_form(m.d, k, a, b, select_s=sel)
-    sim, evaluated = crossover_simulated(m.d, k, sim_p_max)
+    sim, evaluated = crossover_simulated(m.d, k, sim_p_max, dense_cache)
     if cf is not None and cf <= sim_p_max:
         agree = sim == cf
         note = "simulated bisection and closed form"
@@ -265,14 +395,20 @@ def crossover_row(model: str, density: float, sim_p_max: int) -> dict:
 
 
 def _job(kind: str, key: tuple, path: str) -> dict:
-    """One sweep job (picklable): a simulated case or a crossover search; reuses ``path`` if it exists."""
+    """One sweep job (picklable): a simulated case (``"case"``: flat network, ``"cluster"``: the hierarchical
+    preset) or one model's crossover searches (``"crossover"``: ``{"rows": [...]}``); reuses ``path`` if it exists."""
     p = Path(path)
     if p.is_file():
         return json.loads(p.read_text())
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1):
-        row = simulate_case(*key) if kind == "case" else crossover_row(*key)
+        if kind == "case":
+            row = simulate_case(*key)
+        elif kind == "cluster":
+            row = simulate_cluster_case(*key)
+        else:
+            row = {"rows": crossover_rows(*key)}
     _save(p, row)  # on a Dask worker without the client's file system this is skipped; the client saves it
     return row
 
@@ -287,13 +423,13 @@ def _save(p: Path, row: dict) -> None:
 
 
 def _cost(kind: str, key: tuple) -> float:
-    """Rough wall-time weight, to start the longest jobs first."""
+    """Rough wall-time weight (the fast engine's dense ring costs ~P^2), to start the longest jobs first."""
     if kind == "crossover":
-        return 1e9 * key[2]
-    model, variant, P, _ = key
-    if variant == "dense":
-        return P * P
-    return P * MODELS[model].k / 100
+        return 2.0 * min(key[2], 8192) ** 2
+    model, variant, P = key[:3]
+    if variant in ("dense", "dense_hier"):
+        return P * P * (1.5 if kind == "cluster" else 1.0)
+    return P * 100.0
 
 
 def _rel(sim: float, pub: float) -> float:
@@ -340,6 +476,60 @@ def breakdown_rows(sp: ScalingPlan, cases: dict) -> list[dict]:
     return rows
 
 
+def hierarchy_rows(sp: ScalingPlan, cases: dict, ccases: dict) -> list[dict]:
+    """Published vs flat vs 4-GPU-node model, one :data:`HIERARCHY_COLUMNS` row per (model, P, algorithm).
+
+    cases: {(model, variant, P): scaling row} (flat network); ccases: {(model, variant, P): cluster row}.
+    published_pct / rel. errors are None where nothing was published (P not in :data:`PUBLISHED_P`).
+    cluster_over_flat_comm: the released algorithm's communication time on the cluster over that on the flat
+    network (how much the hierarchy changes it: < 1 intra-node traffic is faster, > 1 ranks queue on a NIC).
+    """
+    rows = []
+    for name in sp.models:
+        m = MODELS[name]
+        for P in sp.Ps:
+            for alg in MAIN_VARIANTS:
+                f, c, h = cases[(name, alg, P)], ccases[(name, alg, P)], ccases[(name, alg + "_hier", P)]
+                pub = m.published[alg][PUBLISHED_P.index(P)] if P in PUBLISHED_P else None
+                rows.append({
+                    "model": name, "P": P, "algorithm": alg, "cluster": c["cluster"], "nodes": c["nodes"],
+                    "gpus_per_node": c["gpus_per_node"], "published_pct": pub, "flat_pct": f["efficiency_pct"],
+                    "flat_rel_error": None if pub is None else _rel(f["efficiency_pct"], pub),
+                    "cluster_pct": c["efficiency_pct"],
+                    "cluster_rel_error": None if pub is None else _rel(c["efficiency_pct"], pub),
+                    "hier_pct": h["efficiency_pct"], "flat_t_iter_s": f["t_iter_s"], "cluster_t_iter_s": c["t_iter_s"],
+                    "hier_t_iter_s": h["t_iter_s"], "cluster_over_flat_comm": c["t_comm_s"] / f["t_comm_s"],
+                    "hier_comm_closed_form_s": h["comm_closed_form_s"], "hier_comm_rel_diff": h["comm_rel_diff"]})
+    return rows
+
+
+def _median_abs(rows: list[dict], key: str) -> float | None:
+    v = [abs(r[key]) for r in rows if r[key] is not None]
+    return statistics.median(v) if v else None
+
+
+def hierarchy_summary(hrows: list[dict]) -> list[dict]:
+    """Per network model ("flat", "cluster"): cases with a published value, median and mean |rel. error|, the
+    median |rel. error| at P = 4, at P >= 8, per algorithm (``median_abs_<alg>``) and per DNN model
+    (``median_abs_model`` dict), cases within 20% (errors as fractions, not %)."""
+    pub = [r for r in hrows if r["published_pct"] is not None]
+    out = []
+    for net in ("flat", "cluster"):
+        key = f"{net}_rel_error"
+        errs = [abs(r[key]) for r in pub]
+        row = {"network": net, "cases": len(pub), "median_abs": _median_abs(pub, key),
+               "mean_abs": sum(errs) / len(errs) if errs else None,
+               "median_abs_P4": _median_abs([r for r in pub if r["P"] == 4], key),
+               "median_abs_P8plus": _median_abs([r for r in pub if r["P"] >= 8], key),
+               "within_20": sum(e <= 0.2 for e in errs)}
+        for alg in MAIN_VARIANTS:
+            row[f"median_abs_{alg}"] = _median_abs([r for r in pub if r["algorithm"] == alg], key)
+        row["median_abs_model"] = {m_: _median_abs([r for r in pub if r["model"] == m_], key)
+                                   for m_ in dict.fromkeys(r["model"] for r in pub)}
+        out.append(row)
+    return out
+
+
 def _fmt_pct(x):
     return "–" if x is None else f"{x:.1f}"
 
@@ -349,8 +539,9 @@ def _fmt_err(x):
 
 
 def markdown_report(sp: ScalingPlan, cases: dict, ratios: list[dict], crossovers: list[dict],
-                    breakdown: list[dict]) -> str:
-    """The Markdown report: efficiency table side by side with the published one, ratios, misses, crossover."""
+                    breakdown: list[dict], hierarchy: list[dict] | None = None) -> str:
+    """The Markdown report: efficiency table side by side with the published one, ratios, misses, the
+    hierarchy comparison (``hierarchy``: :func:`hierarchy_rows`, if given), crossover."""
     a, b = _alpha_beta()
     out = [f"Network {NETWORK}: alpha = {a * 1e3:.3f} ms, beta = {b * 1e9:.1f} ns/byte; density {DENSITY} "
            f"(k = density d), 4 + 4 bytes per sparse element (gtopk_released: 8 + 8, reference mask); compute = "
@@ -395,8 +586,11 @@ def markdown_report(sp: ScalingPlan, cases: dict, ratios: list[dict], crossovers
         for r in breakdown:
             out.append(f"| {r['model']} ({r['batch']}) | {r['part']} | {r['published_s']:.4f} | {r['simulated_s']:.4f} | "
                        f"{_fmt_err(r['rel_error'])} |")
+    if hierarchy:
+        out += ["", _hierarchy_markdown(sp, hierarchy)]
     out += ["", "Crossover: smallest P where Top-k allgather is slower than dense ring allreduce (communication only; "
-            "'iteration' adds Top-k's selection time):", "",
+            f"'iteration' adds Top-k's selection time; simulated on {NETWORK} by the fast engine, searched up to "
+            f"P = {sp.sim_p_max}):", "",
             "| model | density | k | closed form | simulated | agree | simulated P | closed form, iteration |",
             "|---|---|---|---|---|---|---|---|"]
     for r in crossovers:
@@ -407,6 +601,175 @@ def markdown_report(sp: ScalingPlan, cases: dict, ratios: list[dict], crossovers
                    f"{r['sim_evaluated_P']} | {ci} |")
     out += ["", _misses(sp, cases, ratios, breakdown)]
     return "\n".join(out)
+
+
+def _cell(pct, err) -> str:
+    return "–" if pct is None else (f"{pct:.1f}" if err is None else f"{pct:.1f} ({_fmt_err(err)})")
+
+
+def _hierarchy_markdown(sp: ScalingPlan, hrows: list[dict]) -> str:
+    """The hierarchy section: published vs flat vs 4-GPU nodes at the published P, the summary, the generated
+    reading, and the cluster's efficiencies at every simulated P."""
+    cl = get_cluster_preset(sp.cluster)
+    (ai, bi), (ae, be) = cl.intra_alpha_beta(), cl.inter_alpha_beta()
+    G = cl.gpus_per_node
+    by = {(r["model"], r["P"], r["algorithm"]): r for r in hrows}
+    fabric = {"pcie": "PCIe", "nvswitch": "NVSwitch"}.get(cl.intra, cl.intra)
+    out = [f"Hierarchical model ({sp.cluster}): {G} GPUs per node on {fabric} (alpha = {ai * 1e6:.0f} us, "
+           f"beta = {bi * 1e9:.1f} ns/byte), {cl.nics_per_node} NIC per node shared by its {G} GPUs, inter-node path "
+           f"alpha = {ae * 1e3:.3f} ms, beta = {be * 1e9:.1f} ns/byte; P = {G} is one node. 'flat' = every rank on its "
+           f"own {NETWORK} port (the tables above); 'nodes' = the released flat algorithms (ring, Bruck allgather, "
+           "binomial tree) on the cluster; 'hier' = the hierarchical collective on the same cluster (what a "
+           "hierarchy-aware implementation would get). Efficiency in % (rel. error vs published):", "",
+           "| model | P | dense pub | flat | nodes | hier | Top-k pub | flat | nodes | hier | gTop-k pub | flat | nodes "
+           "| hier |", "|---|---|" + "---|" * 12]
+    for name in sp.models:
+        for P in sp.Ps:
+            if P not in PUBLISHED_P:
+                continue
+            cells = [name, str(P)]
+            for alg in MAIN_VARIANTS:
+                r = by[(name, P, alg)]
+                cells += [_fmt_pct(r["published_pct"]), _cell(r["flat_pct"], r["flat_rel_error"]),
+                          _cell(r["cluster_pct"], r["cluster_rel_error"]), _fmt_pct(r["hier_pct"])]
+            out.append("| " + " | ".join(cells) + " |")
+    summ = hierarchy_summary(hrows)
+    if summ and summ[0]["cases"]:
+        mnames = list(summ[0]["median_abs_model"])
+        out += ["", "Median |rel. error| against the published efficiencies (all cases, by P, by algorithm, by model):", "",
+                "| network model | cases | median | mean | P = 4 | P >= 8 | dense | Top-k | gTop-k | "
+                + " | ".join(mnames) + " | within 20% |", "|---|---|---|---|---|---|---|---|---|" + "---|" * (len(mnames) + 1)]
+        label = {"flat": f"flat {NETWORK}", "cluster": f"{G}-GPU nodes ({sp.cluster})"}
+        for s_ in summ:
+            f = lambda x: "–" if x is None else f"{100 * x:.0f}%"  # noqa: E731
+            out.append(f"| {label[s_['network']]} | {s_['cases']} | {f(s_['median_abs'])} | {f(s_['mean_abs'])} | "
+                       f"{f(s_['median_abs_P4'])} | {f(s_['median_abs_P8plus'])} | {f(s_['median_abs_dense'])} | "
+                       f"{f(s_['median_abs_topk'])} | {f(s_['median_abs_gtopk'])} | "
+                       + " | ".join(f(s_["median_abs_model"][m_]) for m_ in mnames) + f" | {s_['within_20']} |")
+        out += ["", _hierarchy_reading(sp, hrows, summ, G)]
+    big = [P for P in sp.Ps if P not in PUBLISHED_P]
+    if big:
+        out += ["", f"Simulated efficiency (%) on {sp.cluster} beyond the published P (flat model in brackets):", "",
+                "| model | P | dense | Top-k | gTop-k | dense hier | Top-k hier | gTop-k hier |", "|---|---|---|---|---|---|---|---|"]
+        for name in sp.models:
+            for P in big:
+                rr = [by[(name, P, a)] for a in MAIN_VARIANTS]
+                out.append(f"| {name} | {P} | " + " | ".join(f"{r['cluster_pct']:.1f} ({r['flat_pct']:.1f})" for r in rr)
+                           + " | " + " | ".join(f"{r['hier_pct']:.1f}" for r in rr) + " |")
+    return "\n".join(out)
+
+
+def _pp(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _hierarchy_reading(sp: ScalingPlan, hrows: list[dict], summ: list[dict], G: int) -> str:
+    """Plain-language reading of the hierarchy comparison, every statement computed from ``hrows`` (``summ``:
+    :func:`hierarchy_summary`, for the table; the reading recomputes what it states)."""
+    cl = get_cluster_preset(sp.cluster)
+    shared = (f"the {G // cl.nics_per_node} GPUs behind each NIC queue on it" if cl.nics_per_node < G else
+              "every GPU has its own NIC")
+    pub = [r for r in hrows if r["published_pct"] is not None]
+    names = {"dense": "dense ring", "topk": "Top-k allgather", "gtopk": "gTop-k tree"}
+    lines = ["What the hierarchy explains and what it does not:"]
+
+    def moved(a, b):
+        a, b = _pp(a), _pp(b)
+        return f"stays at {a}" if a == b else f"{'falls' if float(b[:-1]) < float(a[:-1]) else 'rises'} from {a} to {b}"
+
+    def per_model(sub):
+        out_ = []
+        for m_ in dict.fromkeys(r["model"] for r in sub):
+            rs = [r for r in sub if r["model"] == m_]
+            out_.append(f"{m_} {_pp(_median_abs(rs, 'flat_rel_error'))} -> {_pp(_median_abs(rs, 'cluster_rel_error'))}")
+        return "; ".join(out_)
+
+    one = [r for r in pub if r["nodes"] == 1]
+    if one:
+        lines.append(f"- P = {G} (one node: every message on the intra-node fabric): median |error| "
+                     f"{moved(_median_abs(one, 'flat_rel_error'), _median_abs(one, 'cluster_rel_error'))} (flat -> "
+                     f"{G}-GPU nodes); by model: {per_model(one)}.")
+    several = [r for r in pub if r["nodes"] > 1]
+    if several:
+        lines.append(f"- P >= {2 * G} (several nodes): median |error| "
+                     f"{moved(_median_abs(several, 'flat_rel_error'), _median_abs(several, 'cluster_rel_error'))}; "
+                     f"by model: {per_model(several)}.")
+    gain = [abs(r["flat_rel_error"]) - abs(r["cluster_rel_error"]) for r in pub]
+    tol = 1e-3  # 0.1 points of relative error: the dense ring is the same on both models to rounding
+    closer, farther = sum(g > tol for g in gain), sum(g < -tol for g in gain)
+    lines.append(f"- The {G}-GPU-node model is closer to the published value in {closer} of {len(pub)} cases, farther "
+                 f"in {farther}, the same (within 0.1 points) in {len(pub) - closer - farther}; at P = {G}: closer in "
+                 f"{sum(g > tol for g, r in zip(gain, pub) if r['nodes'] == 1)} of {len(one)}.")
+    fixed = [r for r in pub if abs(r["cluster_rel_error"]) <= 0.2 < abs(r["flat_rel_error"])]
+    if fixed:
+        lines.append("- Brought within 20% by the hierarchy: " + "; ".join(
+            f"{r['model']} {names[r['algorithm']]} at P = {r['P']} ({_fmt_err(r['flat_rel_error'])} -> "
+            f"{_fmt_err(r['cluster_rel_error'])})" for r in fixed) + ".")
+    worse = [r for r in pub if abs(r["cluster_rel_error"]) > 0.2 >= abs(r["flat_rel_error"])]
+    if worse:
+        lines.append("- Pushed beyond 20% by the hierarchy: " + "; ".join(
+            f"{r['model']} {names[r['algorithm']]} at P = {r['P']} ({_fmt_err(r['flat_rel_error'])} -> "
+            f"{_fmt_err(r['cluster_rel_error'])})" for r in worse) + ".")
+    away = [r for r in pub if abs(r["cluster_rel_error"]) - abs(r["flat_rel_error"]) > 0.5]
+    if away:
+        lines.append("- Moved more than 50 points further from the published value by the hierarchy: " + "; ".join(
+            f"{r['model']} {names[r['algorithm']]} at P = {r['P']} ({_fmt_err(r['flat_rel_error'])} -> "
+            f"{_fmt_err(r['cluster_rel_error'])}, published {r['published_pct']:.1f}%)" for r in away) + ".")
+    multi = [r for r in hrows if r["nodes"] > 1]
+    if multi:
+        parts = []
+        for alg in MAIN_VARIANTS:
+            q = [r["cluster_over_flat_comm"] for r in multi if r["algorithm"] == alg]
+            if q:
+                parts.append(f"{names[alg]} {min(q):.2f}-{max(q):.2f}x")
+        lines.append(f"- Across nodes (P >= {2 * G}, every simulated P) the released algorithms' communication on the "
+                     f"cluster over the flat model's: " + ", ".join(parts) + f" (> 1: {shared}; < 1: some rounds stay "
+                     "inside a node).")
+    if multi:
+        top = max(r["P"] for r in multi)
+        last = [r for r in multi if r["P"] == top]
+        lines.append(f"- Hierarchy-aware collectives on the same cluster at P = {top}, efficiency of the released "
+                     "algorithm -> the hierarchical one: " + "; ".join(
+                         f"{r['model']} {r['algorithm']} {r['cluster_pct']:.1f}% -> {r['hier_pct']:.1f}%" for r in last) + ".")
+        for alg in MAIN_VARIANTS:
+            dev = [r for r in multi if r["algorithm"] == alg and r["hier_comm_rel_diff"] is not None]
+            if dev and max(abs(r["hier_comm_rel_diff"]) for r in dev) > 0.01:
+                lo_, hi_ = (min(dev, key=lambda r: r["hier_comm_rel_diff"]), max(dev, key=lambda r: r["hier_comm_rel_diff"]))
+                lines.append(f"- Simulated hierarchical {names[alg].split()[0]} communication vs its closed form "
+                             f"(sim.timing.closed_form_comm_s, across nodes): {_fmt_err(lo_['hier_comm_rel_diff'])} "
+                             f"({lo_['model']}, P = {lo_['P']}) to {_fmt_err(hi_['hier_comm_rel_diff'])} ({hi_['model']}, "
+                             f"P = {hi_['P']}) ({shared} in the simulation).")
+    far = [r for r in pub if abs(r["flat_rel_error"]) > 0.5 and abs(r["cluster_rel_error"]) > 0.5]
+    why = {"below": "the measured runs spent far more time communicating than either model's links give",
+           "above": f"the measured runs communicated faster than alpha-beta links at the {NETWORK} fit allow",
+           "between": "the two models miss on opposite sides"}
+    for side in ("below", "above", "between"):
+        grp = {}
+        for r in far:
+            s_ = ("above" if r["flat_rel_error"] < 0 and r["cluster_rel_error"] < 0 else
+                  "below" if r["flat_rel_error"] > 0 and r["cluster_rel_error"] > 0 else "between")
+            if s_ == side:
+                grp.setdefault(r["model"], []).append(r)
+        if not grp:
+            continue
+        where = "between the two" if side == "between" else f"{side} both"
+        lines.append(f"- Not explained by either model (|error| > 50% under both, published {where}): " + "; ".join(
+                         f"{m_} {_which(rs, names)} (published {_span([r['published_pct'] for r in rs])}%, {G}-GPU "
+                         f"nodes {_span([r['cluster_pct'] for r in rs])}%)" for m_, rs in grp.items()) + f": {why[side]}.")
+    return "\n".join(lines)
+
+
+def _span(v: list[float]) -> str:
+    lo, hi = min(v), max(v)
+    return f"{lo:.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f}"
+
+
+def _which(rs: list[dict], names: dict) -> str:
+    """'dense ring at P = 8, 16; Top-k allgather at P = 32' for the rows ``rs``."""
+    by: dict[str, list[int]] = {}
+    for r in rs:
+        by.setdefault(r["algorithm"], []).append(r["P"])
+    return ", ".join(f"{names[a]} at P = {', '.join(map(str, ps))}" for a, ps in by.items())
 
 
 def _misses(sp: ScalingPlan, cases: dict, ratios: list[dict], breakdown: list[dict]) -> str:
@@ -437,6 +800,42 @@ def _misses(sp: ScalingPlan, cases: dict, ratios: list[dict], breakdown: list[di
     return "\n".join(lines)
 
 
+def _p_axis(ax, Ps) -> None:
+    """log2 P axis with every P ticked (every other one labelled beyond 8 values)."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(Ps))
+    step = 1 if len(Ps) <= 8 else 2
+    ax.set_xticklabels([str(p) if i % step == 0 else "" for i, p in enumerate(Ps)], fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+
+
+def _hierarchy_figure(sp: ScalingPlan, hrows: list[dict], outdir: Path) -> None:
+    """Efficiency vs P per model: flat model (solid), released algorithms on the cluster (dashed), hierarchical
+    collectives (dotted), published (crosses)."""
+    from .plots import plt
+
+    n = len(sp.models)
+    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 4.2), squeeze=False)
+    colors = {"dense": "C0", "topk": "C1", "gtopk": "C2"}
+    for j, name in enumerate(sp.models):
+        ax = axes[0, j]
+        for alg in MAIN_VARIANTS:
+            rs = sorted((r for r in hrows if r["model"] == name and r["algorithm"] == alg), key=lambda r: r["P"])
+            ps = [r["P"] for r in rs]
+            ax.plot(ps, [r["flat_pct"] for r in rs], "-", color=colors[alg], label=f"{alg} flat {NETWORK}")
+            ax.plot(ps, [r["cluster_pct"] for r in rs], "--", marker="o", ms=3, color=colors[alg], label=f"{alg} nodes")
+            ax.plot(ps, [r["hier_pct"] for r in rs], ":", color=colors[alg], label=f"{alg} hierarchical")
+            ax.plot(PUBLISHED_P, MODELS[name].published[alg], ls="none", marker="x", ms=8, color=colors[alg])
+        _p_axis(ax, sp.Ps)
+        ax.set(title=name, xlabel="workers P", ylabel="scaling efficiency (%)", ylim=(0, 105))
+        if j == 0:
+            ax.legend(fontsize=6)
+    fig.suptitle(f"Flat {NETWORK} (solid) vs {sp.cluster} nodes: released algorithms (dashed), hierarchical "
+                 "collectives (dotted); published (x)", fontsize=9)
+    fig.tight_layout()
+    save_figure(fig, outdir, "hierarchy")
+
+
 def _figure(sp: ScalingPlan, cases: dict, outdir: Path) -> None:
     from .plots import plt
 
@@ -455,10 +854,7 @@ def _figure(sp: ScalingPlan, cases: dict, outdir: Path) -> None:
         for v in MAIN_VARIANTS:
             bot.plot(PUBLISHED_P, m.published[v], ls="none", marker="x", ms=8, color=colors[v], label=f"{v} (published)")
         for ax in (top, bot):
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(list(sp.Ps))
-            ax.set_xticklabels([str(p) for p in sp.Ps])
-            ax.grid(alpha=0.3, which="both")
+            _p_axis(ax, sp.Ps)
         top.set_yscale("log")
         top.set(title=f"{name} (d = {m.d / 1e6:g}M, batch {m.batch})", xlabel="workers P", ylabel="iteration time (ms)")
         bot.set(xlabel="workers P", ylabel="scaling efficiency (%)", ylim=(0, 105))
@@ -489,8 +885,14 @@ def run_scaling(out, *, quick: bool = False, force: bool = False, jobs: int | No
     cdir.mkdir(exist_ok=True)
     work = [("case", (mname, v, P, sp.iterations), str(cdir / f"{mname}_{v}_P{P}_it{sp.iterations}.json"))
             for mname in sp.models for v in sp.variants for P in sp.Ps]
-    work += [("crossover", (mname, dens, sp.sim_p_max), str(cdir / f"crossover_{mname}_{dens}_max{sp.sim_p_max}.json"))
-             for mname in sp.models for dens in sp.crossover_densities]
+    if sp.cluster:
+        work += [("cluster", (mname, v, P, sp.iterations, sp.cluster),
+                  str(cdir / f"{mname}_{v}_P{P}_it{sp.iterations}_{sp.cluster}.json"))
+                 for mname in sp.models for v in sp.cluster_variants for P in sp.Ps]
+    dens = tuple(sp.crossover_densities)
+    work += [("crossover", (mname, dens, sp.sim_p_max),
+              str(cdir / f"crossover_{mname}_{'_'.join(map(str, dens))}_max{sp.sim_p_max}.json"))
+             for mname in sp.models]
     order = sorted(range(len(work)), key=lambda i: -_cost(work[i][0], work[i][1]))
     got = map_jobs(_job, [work[i] for i in order], jobs=jobs, scheduler=scheduler, progress=progress,
                    desc="scaling")
@@ -500,7 +902,8 @@ def run_scaling(out, *, quick: bool = False, force: bool = False, jobs: int | No
         if not Path(work[i][2]).is_file():
             _save(Path(work[i][2]), r)
     cases = {(r["model"], r["variant"], r["P"]): r for (kind, _, _), r in zip(work, results) if kind == "case"}
-    crossovers = [r for (kind, _, _), r in zip(work, results) if kind == "crossover"]
+    ccases = {(r["model"], r["variant"], r["P"]): r for (kind, _, _), r in zip(work, results) if kind == "cluster"}
+    crossovers = [x for (kind, _, _), r in zip(work, results) if kind == "crossover" for x in r["rows"]]
     rows = [cases[(mname, v, P)] for mname in sp.models for v in sp.variants for P in sp.Ps]
     write_csv(tmp / "scaling.csv", SCALING_COLUMNS, rows)
     ratios = ratio_rows(sp, cases)
@@ -508,8 +911,15 @@ def run_scaling(out, *, quick: bool = False, force: bool = False, jobs: int | No
     write_csv(tmp / "crossover.csv", CROSSOVER_COLUMNS, crossovers)
     bd = breakdown_rows(sp, cases)
     write_csv(tmp / "breakdown.csv", ("model", "batch", "part", "published_s", "simulated_s", "rel_error"), bd)
+    hier = None
+    if sp.cluster:
+        write_csv(tmp / "cluster.csv", CLUSTER_COLUMNS,
+                  [ccases[(mname, v, P)] for mname in sp.models for v in sp.cluster_variants for P in sp.Ps])
+        hier = hierarchy_rows(sp, cases, ccases)
+        write_csv(tmp / "hierarchy.csv", HIERARCHY_COLUMNS, hier)
+        _hierarchy_figure(sp, hier, tmp)
     _figure(sp, cases, tmp)
-    report = markdown_report(sp, cases, ratios, crossovers, bd)
+    report = markdown_report(sp, cases, ratios, crossovers, bd, hier)
     (tmp / "report.md").write_text(report + "\n")
     publish(tmp, out)
     return out, report
