@@ -372,11 +372,17 @@ def _gtopk_reduce(pos: int, n: int, to_rank, track: _Tracker, cur: Sparse, k: in
         elif src >= 0:
             who = to_rank(src)
             got = yield Recv(who)
-            track.absorb(who, got)
-            cur = yield from _merge(cur, got, k)
-            track.survive(cur.idx)
+            cur = yield from _absorb(track, who, got, cur, k)
             children.append((who, got))
     return cur, children
+
+
+def _absorb(track: _Tracker, who: int, got: Sparse, cur: Sparse, k: int):
+    """Merge the vector ``got`` that rank ``who`` sent into ``cur``, tracking which entries survive."""
+    track.absorb(who, got)
+    cur = yield from _merge(cur, got, k)
+    track.survive(cur.idx)
+    return cur
 
 
 def _gtopk_bcast(pos: int, n: int, to_rank, track: _Tracker, g: Sparse, sent: Sparse, children, exact: bool,
@@ -430,9 +436,7 @@ def _gtopk_rd_group(pos: int, n: int, to_rank, track: _Tracker, cur: Sparse, k: 
             elif src >= 0:
                 who = to_rank(src)
                 folded = yield Recv(who)
-                track.absorb(who, folded)
-                cur = yield from _merge(cur, folded, k)
-                track.survive(cur.idx)
+                cur = yield from _absorb(track, who, folded, cur, k)
         elif phase == "exchange":
             if dst >= 0:
                 got = yield SendRecv(to_rank(dst), cur, len(cur) * s_el, to_rank(src))
