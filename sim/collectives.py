@@ -95,10 +95,16 @@ def ring_schedule(rank, P: int):
     (the received chunk is added) and False in the P-1 allgather rounds (it is copied). After the
     reduce-scatter, rank r owns the full sum of chunk (r + 1) % P. No rounds for P = 1."""
     right, left = (rank + 1) % P, (rank - 1) % P
-    for s in range(P - 1):
-        yield right, left, (rank - s) % P, (rank - s - 1) % P, True
-    for s in range(P - 1):
-        yield right, left, (rank + 1 - s) % P, (rank - s) % P, False
+    send = rank % P  # reduce-scatter step s: send chunk (rank - s) % P, receive chunk (rank - s - 1) % P
+    for _ in range(P - 1):
+        recv = (send - 1) % P
+        yield right, left, send, recv, True
+        send = recv
+    send = right  # allgather step s: send chunk (rank + 1 - s) % P, receive chunk (rank - s) % P
+    for _ in range(P - 1):
+        recv = (send - 1) % P
+        yield right, left, send, recv, False
+        send = recv
 
 
 def rd_schedule(rank, P: int):

@@ -109,7 +109,8 @@ class FastCluster:
         self.fabric = as_cluster(network, self.P)
         self.model = compute if compute is not None else ComputeModel(forward_backward_s=0.0, select_coeff_s=0.0)
         self.ready = np.zeros(self.P)
-        self._busy = np.zeros((3, self.P))  # by category, each row contiguous
+        self._busy = np.zeros((3, self.P))  # compute, compress (row 2 unused: comm is derived, see busy)
+        self._idle = np.zeros(self.P)  # seconds each rank waited at barrier() (no category)
         self.messages = 0
         self.bytes = 0
         self._cache_key = None
@@ -130,13 +131,20 @@ class FastCluster:
 
     @property
     def busy(self) -> np.ndarray:
-        """Seconds per rank in compute / compress / comm, cumulative: float array (P, 3) (a view)."""
-        return self._busy.T
+        """Seconds per rank in compute / compress / comm, cumulative: float array (P, 3). A rank's clock only
+        advances in a Compute or blocked in a round (or idle at :meth:`barrier`), so comm is the rest:
+        ready - idle - compute - compress (equal to the message-level engine's sum of blocked spells)."""
+        out = self._busy.T.copy()
+        out[:, 2] = self.ready - self._idle - self._busy[0] - self._busy[1]
+        return out
 
     # -- compute ---------------------------------------------------------------------------
     def compute(self, kind: str, work, iteration: int) -> None:
         """Every rank computes ``work`` (scalar or (P,) array) of ``kind`` (:data:`sim.ops.COMPUTE_KINDS`)."""
-        sec = self.model.seconds_all(kind, work, self.P, iteration)
+        m = self.model
+        if {"merge": m.merge_coeff_s, "reduce": m.reduce_coeff_s, "update": m.update_coeff_s}.get(kind, 1.0) == 0.0:
+            return  # costs nothing on any rank
+        sec = m.seconds_all(kind, work, self.P, iteration)
         if np.ndim(sec) == 0 and sec == 0:
             return
         if self._ops is not None:
@@ -179,9 +187,6 @@ class FastCluster:
             new = ready.copy()
             new[s] = arrive
             new[d] = np.maximum(new[d], arrive)
-        comm = self._busy[2]
-        comm += new
-        comm -= ready
         self.ready = new
         self.messages += int(s.shape[0])
 
@@ -201,31 +206,12 @@ class FastCluster:
         if isinstance(f, ClusterSpec):
             R = f.routes(s, d)
             sig = ((R >= 0) * (1 << np.arange(6))).sum(axis=1)  # which levels each message crosses
-            groups = []  # messages crossing the same levels: (positions or None for all, [per level: links, lat, bw, state])
-            for g in np.unique(sig).tolist():
-                idx = np.flatnonzero(sig == g)
-                if idx.shape[0] == s.shape[0]:
-                    idx = None
-                rows = R if idx is None else R[idx]
-                levels = []
-                for lev in range(6):
-                    if not g >> lev & 1:
-                        continue
-                    links = rows[:, lev]
-                    state = None
-                    if lev in self._shared:
-                        state = "unique" if np.unique(links).shape[0] == links.shape[0] else "fifo"
-                    levels.append((links, self._lat[links], self._bw[links], state))
-                groups.append((idx, levels))
-            shared_links = [lv[0] for _, levels in groups for lv in levels if lv[3] is not None]
-            if len(groups) > 1 and shared_links:
-                allsh = np.concatenate(shared_links)
-                mixed = np.unique(allsh).shape[0] < allsh.shape[0]
-            else:
-                mixed = False
-            if mixed:
-                groups = [(None, self._levels_all(R))]  # a link shared across groups: serve all together
-            return groups
+            groups = [np.flatnonzero(sig == g) for g in np.unique(sig).tolist()]
+            shared_links = [R[gi][:, lev] for gi in groups for lev in self._shared if (R[gi][:, lev] >= 0).all()]
+            allsh = np.concatenate(shared_links) if shared_links else np.empty(0, dtype=np.int64)
+            if len(groups) > 1 and np.unique(allsh).shape[0] < allsh.shape[0]:
+                groups = [np.arange(s.shape[0])]  # a link shared across groups: serve all messages together
+            return [(None if gi.shape[0] == s.shape[0] else gi, self._plan(R[gi])) for gi in groups]
         if f.topology in ("direct", "star"):
             return None
         P = self.P  # ring topology: shortest direction, ties clockwise; link ids cw = node, ccw = P + node
@@ -234,20 +220,44 @@ class FastCluster:
         hops = np.where(step == 1, cw, P - cw)
         return step, hops
 
-    def _levels_all(self, R):
-        """Per-level entries for all messages of a round at once (each level with the positions crossing it)."""
-        levels = []
+    def _plan(self, R):
+        """The segments the messages with routes R (int array (m, 6), -1 = level not crossed) go through, in
+        order, as :meth:`sim.topology.ClusterSpec.path_plan` cuts each path: ``("run", k, L, inv)`` flushes the
+        accumulated run of unshared links of messages k (None: all), ``("link", k, links, lat, bw, state)``
+        is a shared level. Built once per route; evaluated every round by :meth:`_transfer`."""
+        m = R.shape[0]
+        pL, pinv = np.zeros(m), np.zeros(m)
+        pend = np.zeros(m, dtype=bool)
+        segs = []
+
+        def sub(mask):
+            k = np.flatnonzero(mask)
+            return None if k.shape[0] == m else k
+
+        def flush(mask):
+            mask = mask & pend
+            if mask.any():
+                k = sub(mask)
+                segs.append(("run", k, pL[mask].copy(), pinv[mask].copy()))
+                pL[mask], pinv[mask], pend[mask] = 0.0, 0.0, False
+
         for lev in range(6):
             col = R[:, lev]
-            k = np.flatnonzero(col >= 0)
-            if k.shape[0] == 0:
+            has = col >= 0
+            if not has.any():
                 continue
-            links = col[k]
-            state = None
-            if lev in self._shared:
-                state = "unique" if np.unique(links).shape[0] == links.shape[0] else "fifo"
-            levels.append((links, self._lat[links], self._bw[links], state, k))
-        return levels
+            if lev not in self._shared:
+                L = col[has]
+                pL[has] = np.where(pend[has], pL[has] + self._lat[L], self._lat[L])
+                pinv[has] = np.maximum(pinv[has], 1.0 / self._bw[L])
+                pend[has] = True
+                continue
+            flush(has)
+            links = col[has]
+            state = "unique" if np.unique(links).shape[0] == links.shape[0] else "fifo"
+            segs.append(("link", sub(has), links, self._lat[links], self._bw[links], state))
+        flush(np.ones(m, dtype=bool))
+        return segs
 
     def _transfer(self, s, nb, start, route):
         """Arrival time of each message (float array (m,)) that leaves its sender at ``start``."""
@@ -255,26 +265,30 @@ class FastCluster:
         if self._unshared:
             _, L, inv = route
             return start + (L + nb * inv)
-        if isinstance(f, ClusterSpec):  # pipelined links (sim.topology)
+        if isinstance(f, ClusterSpec):  # pipelined links (sim.topology), the message-level engine's arithmetic
             arrive = np.empty(start.shape)
-            for gidx, levels in route:
+            for gidx, segs in route:
                 head = start if gidx is None else start[gidx]
                 n = nb if (gidx is None or np.ndim(nb) == 0) else nb[gidx]
                 order = s if gidx is None else s[gidx]
-                tail = None  # nothing has crossed a link yet
-                for links, lat, bw, state, *sub in levels:
-                    if tail is None and sub:
+                tail = None  # nothing has crossed a link yet (-inf)
+                for seg in segs:
+                    k = seg[1]
+                    if k is not None and tail is None:
                         tail = np.full(head.shape, -np.inf)
-                    if sub:  # levels of a mixed group: only some messages cross this one
-                        k = sub[0]
-                        hd, tl, nn, oo = head[k], tail[k], (n[k] if np.ndim(n) else n), order[k]
-                    else:
+                    if k is None:
                         hd, tl, nn, oo = head, tail, n, order
-                    hold = nn / bw
-                    if state is None:  # only this rank uses the link: it is free when the head arrives
-                        en = hd + hold if tl is None else np.maximum(hd + hold, tl)
-                        nh = hd + lat  # = hd + ((hd - hd) + lat), the message-level engine's arithmetic
                     else:
+                        hd, tl, nn, oo = head[k], tail[k], (n[k] if np.ndim(n) else n), order[k]
+                    if seg[0] == "run":  # = ClusterSpec.path_plan's run: t = head + (L + n inv), max with tail + L
+                        L, inv = seg[2], seg[3]
+                        en = hd + (L + nn * inv)
+                        if tl is not None:
+                            en = np.maximum(en, tl + L)
+                        nh, nt = hd + L, en
+                    else:
+                        links, lat, bw, state = seg[2:]
+                        hold = nn / bw
                         if tl is None:
                             tl = np.full(hd.shape, -np.inf)
                         if state == "unique":  # one message on each link this round
@@ -288,12 +302,12 @@ class FastCluster:
                             st, en, ov = _fifo(links, hd, np.broadcast_to(hold, hd.shape), tl, self._free, oo,
                                                self._last_head)
                             self._overtaken |= ov
-                        nh = hd + ((st - hd) + lat)  # the message-level engine's clock arithmetic, bit for bit
-                    if sub:
-                        head = head.copy() if head is start else head
-                        head[k], tail[k] = nh, en + lat
+                        nh, nt = hd + ((st - hd) + lat), en + lat
+                    if k is None:
+                        head, tail = nh, nt
                     else:
-                        head, tail = nh, en + lat
+                        head = head.copy() if head is start else head
+                        head[k], tail[k] = nh, nt
                 fin = np.where(tail > head, head + (tail - head), head)
                 if gidx is None:
                     arrive = fin
@@ -356,8 +370,12 @@ class FastCluster:
         cluster = isinstance(f, ClusterSpec)
         free, last_head = self._free, self._last_head
         t = self.ready.copy()
-        busy = self.busy
-        rounds = []  # per op: None for compute, else (dst list, src list, nbytes list, hops per sender)
+        busy = self._busy.T  # a view: compute and compress columns (comm is derived)
+        if cluster:
+            lat_t, bw_t = self._lat.tolist(), self._bw.tolist()
+        else:
+            lat_r, bw_r = f.link_latency_s, f.link_bandwidth_Bps
+        rounds = []  # per op: None for compute, else (dst list, src list, nbytes list, path per sender)
         for op in ops:
             if op[0] == "c":
                 rounds.append(None)
@@ -366,24 +384,30 @@ class FastCluster:
             snd = np.flatnonzero(dst >= 0)
             nb = np.broadcast_to(np.asarray(nbytes, dtype=np.int64), (P,))
             hops = {}
-            if cluster:
+            if cluster:  # each path cut as ClusterSpec.path_plan cuts it: runs of unshared links, shared links
                 R = f.routes(snd, dst[snd])
                 for row, sr in zip(R.tolist(), snd.tolist()):
-                    hops[sr] = [(L, lev) for lev, L in enumerate(row) if L >= 0]
+                    plan = []
+                    for lev, L in enumerate(row):
+                        if L < 0:
+                            continue
+                        if lev in self._shared:
+                            plan.append(("link", L))
+                        elif plan and plan[-1][0] == "run":
+                            plan[-1] = ("run", plan[-1][1] + lat_t[L], max(plan[-1][2], 1.0 / bw_t[L]))
+                        else:
+                            plan.append(("run", lat_t[L], 1.0 / bw_t[L]))
+                    hops[sr] = plan
             else:
                 for sr in snd.tolist():
                     dr = int(dst[sr])
                     cw = (dr - sr) % P
                     stp, h = (1, cw) if cw <= P - cw else (-1, P - cw)
-                    hops[sr] = [((sr + stp * j) % P if stp == 1 else P + (sr + stp * j) % P, -1) for j in range(h)]
+                    hops[sr] = [("link", (sr + stp * j) % P if stp == 1 else P + (sr + stp * j) % P) for j in range(h)]
             rounds.append((dst.tolist(), src.tolist(), nb.tolist(), hops))
             self.messages += int(snd.shape[0])
             self.bytes += int(nb[snd].sum())
-        if cluster:
-            lat_t, bw_t = self._lat.tolist(), self._bw.tolist()
-            shared = self._shared
-        else:
-            lat_r, bw_r = f.link_latency_s, f.link_bandwidth_Bps
+
         n_ops = len(ops)
         pos = [0] * P  # next op of each rank
         posted = [-1] * P  # op index a rank is blocked in, or -1
@@ -396,19 +420,17 @@ class FastCluster:
             """Carry message sr -> dr of op i from hop k (head and tail times) until a shared link or the end."""
             path = rounds[i][3][sr]
             while k < len(path):
-                L, lev = path[k]
-                if cluster:
-                    if lev in shared:
-                        heapq.heappush(heap, (head, sr, i, k, tail, dr, nbytes))
-                        return
-                    end = head + nbytes / bw_t[L]
-                    if tail > end:
-                        end = tail
-                    head, tail = head + (0.0 + lat_t[L]), end + lat_t[L]
-                else:
-                    heapq.heappush(heap, (head, sr, i, k, tail, dr, nbytes))
-                    return
-                k += 1
+                seg = path[k]
+                if cluster and seg[0] == "run":  # the message-level engine's arithmetic for a run
+                    _, L, inv = seg
+                    t = head + (L + nbytes * inv)
+                    if tail + L > t:
+                        t = tail + L
+                    head, tail = head + L, t
+                    k += 1
+                    continue
+                heapq.heappush(heap, (head, sr, i, k, tail, dr, nbytes))
+                return
             arrive = (head + (tail - head) if tail > head else head) if cluster else head
             finish(sr, arrive)
             finish(dr, arrive)
@@ -430,7 +452,6 @@ class FastCluster:
                 done_t[r] = when
             left[r] -= 1
             if left[r] == 0:
-                busy[r, 2] += done_t[r] - post_t[r]
                 t[r] = done_t[r]
                 posted[r] = -1
                 advance(r)
@@ -465,7 +486,7 @@ class FastCluster:
             advance(r)
         while heap:
             head, sr, i, k, tail, dr, nbytes = heapq.heappop(heap)
-            L, _ = rounds[i][3][sr][k]
+            L = rounds[i][3][sr][k][1]
             start = head if head >= free[L] else free[L]
             last_head[L] = head
             if cluster:
@@ -485,6 +506,7 @@ class FastCluster:
     def barrier(self) -> float:
         """Every rank waits for the slowest (the start of a synchronous iteration); returns that time (s)."""
         t = float(self.ready.max())
+        self._idle += t - self.ready
         self.ready = np.full(self.P, t)
         return t
 

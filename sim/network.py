@@ -269,7 +269,8 @@ class Network:
         """Return the list of link keys (hops, in order) a message from ``src`` to ``dst`` uses.
 
         Empty for ``src == dst``. Star: ``[(src, "switch"), ("switch", dst)]``; direct:
-        ``[(src, dst)]``; ring: the shorter direction, clockwise (increasing rank) on ties.
+        ``[(src, dst)]``; ring: the shorter direction, clockwise (increasing rank) on ties. A
+        :class:`~sim.topology.ClusterSpec` gives its :meth:`~sim.topology.ClusterSpec.path_plan` segments.
 
         Raises:
             SparsimError: ``src`` or ``dst`` not an integer in ``0 <= rank <= P-1``.
@@ -284,7 +285,7 @@ class Network:
         if self._links is not None:
             path = self._routes.get((src, dst))
             if path is None:
-                path = self._routes[(src, dst)] = self.spec.route(src, dst)
+                path = self._routes[(src, dst)] = self.spec.path_plan(src, dst)
             return path
         topo = self.spec.topology
         if topo == "star":
@@ -385,10 +386,19 @@ class Network:
         busy = self.link_busy_s
         if self._links is not None:  # hierarchical cluster: pipelined (cut-through) FIFO links, sim.topology
             lat, bw, _ = self._links
-            tail = -math.inf  # when the message's last byte can leave the previous link's far end
-            for key in path:
-                if key in self._shared:  # heads arriving at the same instant: lower sender rank first
-                    yield self._arbitrate(key, src)
+            tail = -math.inf  # when the message's last byte has left the previous link (plus its latency)
+            for seg in path:
+                if seg[0] == "run":  # links only one rank uses: free when the head arrives (ClusterSpec.path_plan)
+                    _, L, inv = seg
+                    now = env.now
+                    t = now + (L + nbytes * inv)
+                    if tail + L > t:
+                        t = tail + L
+                    tail = t
+                    yield env.timeout(L)
+                    continue
+                key = seg[1]
+                yield self._arbitrate(key, src)  # heads arriving at the same instant: lower sender rank first
                 now = env.now  # the message's head reaches this link
                 t_free = free_at[key]
                 start = now if now >= t_free else t_free

@@ -219,6 +219,30 @@ class ClusterSpec:
             out[cross, 3] = 2 * P + 2 * M + L + ld[cross]
         return out
 
+    def path_plan(self, src: int, dst: int) -> list[tuple]:
+        """One message's path as segments, the form both engines evaluate (same float operations):
+        ``("run", latency_sum, 1 / min bandwidth)`` for consecutive links only one rank ever uses (a pipelined
+        run of them costs its summed latency plus n / its slowest bandwidth, so it is evaluated in one step),
+        ``("link", id)`` for a link of a shared level (FIFO). Empty for src == dst."""
+        lat, bw, lev = self._table()
+        shared = self.shared_levels()
+        out: list[tuple] = []
+        for L in self.route(src, dst):
+            if int(lev[L]) in shared:
+                out.append(("link", L))
+            elif out and out[-1][0] == "run":
+                out[-1] = ("run", out[-1][1] + float(lat[L]), max(out[-1][2], 1.0 / float(bw[L])))
+            else:
+                out.append(("run", float(lat[L]), 1.0 / float(bw[L])))
+        return out
+
+    def _table(self):
+        t = self.__dict__.get("_link_table_cache")
+        if t is None:
+            t = self.link_table()
+            object.__setattr__(self, "_link_table_cache", t)
+        return t
+
     def route(self, src: int, dst: int) -> list[int]:
         """Link ids of one message's path in order (empty for src == dst)."""
         row = self.routes(np.array([src]), np.array([dst]))[0]
