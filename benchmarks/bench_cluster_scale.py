@@ -112,6 +112,8 @@ def main(argv=None) -> int:
     ap.add_argument("--message-budget", type=float, default=150.0,
                     help="skip the message-level engine where its estimated wall time exceeds this (s)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per case before it is abandoned")
+    ap.add_argument("--ring-max-P", type=int, default=16384,
+                    help="largest P for the dense ring (2P(P-1) messages, O(P^2) work even when vectorised)")
     ap.add_argument("--csv", default=None, help="write the rows here (written whole, then renamed)")
     ap.add_argument("--simgrid", default=None, help="bench_simgrid.py's CSV, for SimGrid's wall times")
     ap.add_argument("--_case", default=None, help=argparse.SUPPRESS)
@@ -148,7 +150,7 @@ def main(argv=None) -> int:
         if CASES[name][2] == "dgx-h100":
             Pn = [p for p in Ps if p % 8 == 0]
         else:
-            Pn = Ps
+            Pn = [p for p in Ps if CASES[name][1] != "ring" or p <= a.ring_max_P]
         walls = {"fast": [], "message": []}
         prev = None  # (P, wall, messages) of the message-level engine's last run
         for P in Pn:

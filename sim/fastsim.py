@@ -126,7 +126,7 @@ class FastCluster:
         self._unshared = (not self.fabric.shared_levels() if isinstance(self.fabric, ClusterSpec)
                           else self.fabric.topology in ("star", "direct"))
         self._overtaken = False
-        self._ops = None  # the operations of the current step, while recording
+        self._ops = None  # while a step is recorded for the event replay: its operations
         self.event_replays = 0
 
     @property
@@ -147,8 +147,9 @@ class FastCluster:
         sec = m.seconds_all(kind, work, self.P, iteration)
         if np.ndim(sec) == 0 and sec == 0:
             return
-        if self._ops is not None:
+        if self._ops is not None:  # recording for the event replay: the clock is left alone
             self._ops.append(("c", CATEGORY_OF_KIND[kind], sec))
+            return
         self.ready = self.ready + sec
         self._busy[CATEGORY_OF_KIND[kind]] += sec
 
@@ -157,8 +158,9 @@ class FastCluster:
         """One round: rank r sends ``nbytes[r]`` bytes to ``dst[r]`` (-1: no send) and receives from ``src[r]``
         (-1: nothing). dst, src: int arrays (P,); nbytes: int array (P,) or an int for all.
         Raises RuntimeError if the round is not a matching (a receiver expecting another sender)."""
-        if self._ops is not None:
+        if self._ops is not None:  # recording for the event replay: the clock is left alone
             self._ops.append(("x", dst, src, nbytes))
+            return
         key = (id(dst), id(src))
         if key != self._cache_key or self._cache_obj[0] is not dst or self._cache_obj[1] is not src:
             s = np.flatnonzero(dst >= 0)
@@ -345,15 +347,17 @@ class FastCluster:
         recorded rounds in global time order. Either way the times are the message-level engine's."""
         snap = (self.ready.copy(), self._busy.copy(), self.messages, self.bytes,
                 None if self._free is None else (self._free.copy(), self._last_head.copy()))
-        self._ops, self._overtaken = [], False
-        try:
-            body(self)
-            ops = self._ops
-        finally:
-            self._ops = None
-        if self._overtaken:
+        self._overtaken = False
+        body(self)  # vectorised, memory O(P): nothing is kept of the rounds
+        if self._overtaken:  # undo, record the same rounds (memory O(messages)), replay them in time order
             self.ready, self._busy, self.messages, self.bytes = snap[0], snap[1], snap[2], snap[3]
             self._free[:], self._last_head[:] = snap[4]
+            self._ops = []
+            try:
+                body(self)
+                ops = self._ops
+            finally:
+                self._ops = None
             self.event_replays += 1
             self._event_replay(ops)
 
