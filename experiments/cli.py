@@ -237,7 +237,9 @@ PREDICT_COLLECTIVES = {
 
 
 @main.command()
-@click.option("--P", "P", default="4,8,16,32,64,128", show_default=True, help="comma-separated worker counts (<= 65536)")
+@click.option("--P", "P", default=None,
+              help="comma-separated worker counts (<= 65536) [default: 4,8,16,32,64,128; for a cluster preset of G "
+                   "GPUs per node G x 1, 2, 4, ..., 32]")
 @click.option("--d", "d", type=int, default=25_000_000, show_default=True, help="parameters")
 @click.option("--density", type=float, default=0.001, show_default=True, help="k/d")
 @click.option("--network", default="1GbE", show_default=True,
@@ -255,11 +257,14 @@ def predict(P, d, density, network, simulate, engine, collectives):
     from sim.algorithms import AlgorithmSpec
     from sim.errors import check_range
     from sim.network import PRESETS, get_preset
-    from sim.timing import closed_form_comm_s, simulate_timing
+    from sim.timing import closed_form_comm_s, resolve_engine, simulate_timing
     from sim.topology import CLUSTER_PRESETS, get_cluster_preset
 
     check_range("d", d, 1)
     check_range("density", density, 0, 1, lo_open=True)
+    if P is None:
+        G = CLUSTER_PRESETS[network].gpus_per_node if network in CLUSTER_PRESETS else 1
+        P = ",".join(str(G * m) for m in ((1, 2, 4, 8, 16, 32) if G > 1 else (4, 8, 16, 32, 64, 128)))
     try:
         Ps = [int(x) for x in P.split(",")]
     except ValueError:
@@ -304,6 +309,9 @@ def predict(P, d, density, network, simulate, engine, collectives):
                                            for c in cols))
         return
     net = None if hier else get_preset(network)
+    if resolve_engine(engine, clusters.get(Ps[0], net)) == "message" and max(Ps) > 256:
+        click.echo(f"note: the message-level engine moves every message as an event; at P = {max(Ps)} a collective "
+                   "can take minutes (engine auto or fast gives the same times in seconds)", err=True)
     click.echo(f"d = {d}, k = {k}; simulated and closed-form communication time per iteration in s, "
                f"wall = seconds this machine took to simulate it (engine {engine})")
     click.echo(f"{'P':>6}  {'collective':<20}{'simulated s':>14}{'closed form s':>15}{'sim/closed':>12}{'wall s':>9}")

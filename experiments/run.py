@@ -101,6 +101,13 @@ class Built:
                 mask = "reference" if name == "gtopk_reference" else c.gtopk_mask
                 self.specs.append(AlgorithmSpec("gtopk", k=self.k, collective=c.gtopk_collective, mask=mask,
                                                 value_bytes=c.value_bytes, index_bytes=c.index_bytes, gpus_per_node=G))
+        if not isinstance(self.network, ClusterSpec):
+            hier = [f"compression.{k}" for k in ("dense_collective", "topk_collective", "gtopk_collective")
+                    if getattr(c, k) == "hierarchical"]
+            if hier:
+                raise ConfigError(f"{', '.join(hier)} = 'hierarchical' needs a hierarchical cluster: valid "
+                                  f"cluster.network = {', '.join(CLUSTER_PRESETS)} or hierarchical "
+                                  f"(here {sc.cluster.network!r})")
         tr = sc.training
         B = P * tr.batch_size
         T = tr.iterations

@@ -38,18 +38,18 @@ class ClusterCfg(_Strict):
     network: str = Field("1GbE", description="flat presets 1GbE, 10GbE, IB100; custom (alpha_s, bandwidth_Bps, topology); "
                                              "cluster presets gtopk-icdcs, v100-25GbE, dgx-h100; hierarchical (the keys below)")
     topology: Literal["star", "ring", "direct"] = Field("star", description="topology when network = custom")
-    alpha_s: float = Field(0.436e-3, ge=0, description="custom: end-to-end latency alpha (s); hierarchical: NIC-to-NIC latency (s)")
-    bandwidth_Bps: float = Field(1 / 9e-9, gt=0, description="custom: end-to-end bandwidth (bytes/s), beta = 1/bandwidth s/byte; "
+    alpha_s: float = Field(0.436e-3, ge=0, le=10, description="custom: end-to-end latency alpha (s); hierarchical: NIC-to-NIC latency (s)")
+    bandwidth_Bps: float = Field(1 / 9e-9, gt=0, le=1e15, description="custom: end-to-end bandwidth (bytes/s), beta = 1/bandwidth s/byte; "
                                                              "hierarchical: bandwidth of one NIC (bytes/s)")
     quantum_s: float = Field(0.0, ge=0, description="time quantum (s); 0 = exact float time, 1e-9 = ASTRA-sim integer ns (flat networks, message-level engine)")
     gpus_per_node: int = Field(1, ge=1, le=1024, description="hierarchical: ranks per node G (divides P)")
     nics_per_node: int = Field(1, ge=1, le=1024, description="hierarchical: NICs per node, a divisor of G (1 = one shared NIC, G = rail-optimised)")
     intra: Literal["nvswitch", "pcie"] = Field("nvswitch", description="hierarchical: intra-node fabric (nvswitch: a switch; pcie: through the host, shared with inter-node traffic)")
-    intra_alpha_s: float = Field(5e-6, ge=0, description="hierarchical: GPU-to-GPU latency inside a node (s)")
-    intra_bandwidth_Bps: float = Field(150e9, gt=0, description="hierarchical: GPU-to-GPU bandwidth inside a node (bytes/s)")
-    nodes_per_leaf: int = Field(0, ge=0, description="hierarchical: nodes per leaf switch of a leaf/spine fat tree; 0 = one non-blocking switch")
+    intra_alpha_s: float = Field(5e-6, ge=0, le=10, description="hierarchical: GPU-to-GPU latency inside a node (s)")
+    intra_bandwidth_Bps: float = Field(150e9, gt=0, le=1e15, description="hierarchical: GPU-to-GPU bandwidth inside a node (bytes/s)")
+    nodes_per_leaf: int = Field(0, ge=0, le=65536, description="hierarchical: nodes per leaf switch of a leaf/spine fat tree; 0 = one non-blocking switch")
     oversubscription: float = Field(1.0, ge=1, le=1000, description="hierarchical: fat-tree leaf oversubscription (downlink / uplink capacity)")
-    spine_alpha_s: float = Field(0.0, ge=0, description="hierarchical: extra latency of a leaf-spine-leaf crossing (s)")
+    spine_alpha_s: float = Field(0.0, ge=0, le=10, description="hierarchical: extra latency of a leaf-spine-leaf crossing (s)")
     engine: Literal["auto", "message", "fast"] = Field("auto", description="timing engine: message (SimPy, every message an event), fast (vectorised rounds; timing-only), auto")
 
     #: keys that describe a hierarchical cluster: only meaningful with network = "hierarchical"
@@ -59,6 +59,12 @@ class ClusterCfg(_Strict):
 
     @model_validator(mode="after")
     def _keys_in_use(self):
+        for keys, where in ((("alpha_s", "bandwidth_Bps"), ("custom", "hierarchical")), (("topology",), ("custom",))):
+            unused = [k for k in keys if k in self.model_fields_set]
+            if unused and self.network not in where:
+                raise ValueError(f"{', '.join('cluster.' + k for k in unused)}: used only with network = "
+                                 f"{' or '.join(repr(w) for w in where)} (here network = {self.network!r}, whose "
+                                 "preset fixes its own)")
         if self.network != "hierarchical":
             unused = [k for k in self.HIERARCHY_KEYS if k in self.model_fields_set]
             if unused:

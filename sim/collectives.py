@@ -116,14 +116,13 @@ def rd_schedule(rank, P: int):
     folded = rank < 2 * rem
     even = folded & (rank % 2 == 0)
     odd = folded & (rank % 2 == 1)
-    none = _where(folded, -1, -1)
     if rem:
         yield "fold", _where(even, rank + 1, -1), _where(odd, rank - 1, -1)
     newrank = _rd_newrank(rank, rem)
     active = _not(even)
     mask = 1
     while mask < pof2:
-        partner = _where(active, _rd_real(newrank ^ mask, rem), none)
+        partner = _where(active, _rd_real(newrank ^ mask, rem), -1)
         yield "exchange", partner, partner
         mask <<= 1
     if rem:

@@ -7,25 +7,26 @@ programs: the schedules of :mod:`sim.collectives` (``ring_schedule``, ``rd_sched
 ``binomial_reduce_schedule``, ``binomial_bcast_schedule``) are written once and evaluated here on an array
 of ranks, there on one rank. Memory is O(P) per round.
 
-Model (the same rules as the message-level engine):
+Model (the same rules, and the same floating-point operations, as the message-level engine):
 
 - each rank has a clock ``ready[r]``; a Compute costs :meth:`sim.compute.ComputeModel.seconds_all`;
 - a message from s to d starts when both have posted (rendezvous): ``max(ready[s], ready[d])``;
-- it crosses its route's links (:meth:`sim.topology.ClusterSpec.routes`) store-and-forward: each hop takes
-  ``latency + n / bandwidth`` after the link falls free; a link serves messages FIFO in order of arrival;
+- it crosses its route's links: on a :class:`~sim.topology.ClusterSpec`, pipelined links cut into runs of
+  unshared links and single shared links (:meth:`~sim.topology.ClusterSpec.path_plan`); on a flat
+  :class:`~sim.network.NetworkSpec`, store-and-forward hops (latency + n / bandwidth each). A shared link
+  serves heads FIFO in order of arrival, ties to the lower sending rank;
 - a sender is done when its message has arrived, a receiver when the message it waits for has arrived, a
   rank that both sends and receives (SendRecv) when both are done.
 
-Exactness. In every pattern here a rank sends at most one message and receives at most one per round, so a
-link that only one rank's sends (its GPU port, its own NIC) or only one rank's receives use is never
-contended: for those the engine adds the hop delays and equals the message-level engine to rounding
-(tested at 1e-9 relative, with jitter and stragglers). Links shared by several ranks (a NIC shared by the
-GPUs of a node, leaf uplinks, PCIe ports carrying intra- and inter-node traffic, the links of a ring
-topology) are served FIFO within a round, in order of arrival (ties: lower sending rank first), starting
-from where the previous round left the link. The approximation: a message of round r+1 that would reach
-a shared link before a late message of round r is served after it here (the message-level engine serves
-it first). ``tests/test_fastsim.py`` measures the difference on a grid of P <= 64, sizes and presets.
-With ``quantum_s > 0`` use the message-level engine.
+Exactness. In every pattern a rank sends at most one message and receives at most one per round, so links of
+unshared levels are never contended and cost their closed form. Shared links (a NIC shared by the GPUs of a
+node, leaf uplinks, PCIe ports carrying a node's inter-node traffic, the links of a ring topology) are
+served FIFO within a round, in order of arrival, from where the previous round left each link. If some head
+reaches a shared link no later than the head of a message an earlier round already served there, round order
+may differ from time order, and :meth:`FastCluster.step` replays that iteration message by message in global
+time order (:meth:`FastCluster._event_replay`). So the fast engine gives the message-level engine's times (to
+the last bit in the tests' cases, asserted at 1e-9), on any fabric :func:`fast_engine_refusal` accepts:
+quantum_s > 0 and zero latencies on shared links are left to the message-level engine.
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ from .errors import ConfigError, SparsimError, check_range
 from .network import NetworkSpec
 from .topology import ClusterSpec
 
-__all__ = ["FastCluster", "fast_iteration", "simulate_timing_fast", "as_cluster"]
+__all__ = ["FastCluster", "fast_iteration", "fast_collective", "simulate_timing_fast", "as_cluster",
+           "fast_engine_refusal"]
 
 
 def as_cluster(network, P: int):
@@ -52,10 +54,28 @@ def as_cluster(network, P: int):
         return network
     if not isinstance(network, NetworkSpec):
         raise SparsimError(f"network = {network!r} is invalid: valid NetworkSpec or ClusterSpec")
-    if network.quantum_s > 0:
-        raise ConfigError(f"quantum_s = {network.quantum_s} is not modelled by the fast engine: valid quantum_s = 0, "
-                          "or engine = message")
+    why = fast_engine_refusal(network)
+    if why:
+        raise ConfigError(why)
     return network
+
+
+def fast_engine_refusal(network) -> str | None:
+    """Why the fast engine cannot give ``network`` the message-level engine's times (a one-line error text), or
+    None: a time quantum (ASTRA-sim's integer ns) is modelled only message by message, and on links shared by
+    several ranks a zero latency lets heads reach the next shared link in the same instant, where the two
+    engines' tie orders differ (the fast engine: lower sender first; the message-level engine: the order the
+    instant's events cascade in)."""
+    if isinstance(network, ClusterSpec):
+        if network.zero_latency_shared():
+            return ("the fast engine needs a positive latency on shared links (here intra_alpha_s, alpha_s or "
+                    "spine_alpha_s is 0): valid latency > 0, or engine = message")
+        return None
+    if network.quantum_s > 0:
+        return f"quantum_s = {network.quantum_s} is not modelled by the fast engine: valid quantum_s = 0, or engine = message"
+    if network.topology == "ring" and network.link_latency_s == 0:
+        return "the fast engine needs a positive latency on a ring topology: valid alpha > 0, or engine = message"
+    return None
 
 
 def _fifo(links, head, hold, tail, free, order, last_head):
@@ -109,7 +129,7 @@ class FastCluster:
         self.fabric = as_cluster(network, self.P)
         self.model = compute if compute is not None else ComputeModel(forward_backward_s=0.0, select_coeff_s=0.0)
         self.ready = np.zeros(self.P)
-        self._busy = np.zeros((3, self.P))  # compute, compress (row 2 unused: comm is derived, see busy)
+        self._busy = np.zeros((3, self.P))  # compute, compress, reduce compute (comm is derived, see busy)
         self._idle = np.zeros(self.P)  # seconds each rank waited at barrier() (no category)
         self.messages = 0
         self.bytes = 0
@@ -135,7 +155,9 @@ class FastCluster:
         advances in a Compute or blocked in a round (or idle at :meth:`barrier`), so comm is the rest:
         ready - idle - compute - compress (equal to the message-level engine's sum of blocked spells)."""
         out = self._busy.T.copy()
-        out[:, 2] = self.ready - self._idle - self._busy[0] - self._busy[1]
+        if self.messages:
+            out[:, 2] = np.maximum(self.ready - self._idle - self._busy[0] - self._busy[1], 0.0)
+        # else no message at all: comm is the reductions' compute alone (row 2), not the difference's rounding
         return out
 
     # -- compute ---------------------------------------------------------------------------
@@ -391,17 +413,7 @@ class FastCluster:
             if cluster:  # each path cut as ClusterSpec.path_plan cuts it: runs of unshared links, shared links
                 R = f.routes(snd, dst[snd])
                 for row, sr in zip(R.tolist(), snd.tolist()):
-                    plan = []
-                    for lev, L in enumerate(row):
-                        if L < 0:
-                            continue
-                        if lev in self._shared:
-                            plan.append(("link", L))
-                        elif plan and plan[-1][0] == "run":
-                            plan[-1] = ("run", plan[-1][1] + lat_t[L], max(plan[-1][2], 1.0 / bw_t[L]))
-                        else:
-                            plan.append(("run", lat_t[L], 1.0 / bw_t[L]))
-                    hops[sr] = plan
+                    hops[sr] = f.plan_of_route(row)
             else:
                 for sr in snd.tolist():
                     dr = int(dst[sr])
@@ -426,7 +438,7 @@ class FastCluster:
             while k < len(path):
                 seg = path[k]
                 if cluster and seg[0] == "run":  # the message-level engine's arithmetic for a run
-                    _, L, inv = seg
+                    _, L, inv, _ = seg
                     t = head + (L + nbytes * inv)
                     if tail + L > t:
                         t = tail + L
@@ -523,7 +535,7 @@ def _split_sizes(total, parts: int, c):
     return total // parts + (c < total % parts)
 
 
-def _mapper(valid_base, scale, offset):
+def _mapper(scale, offset):
     """Position -> rank map for a group on every rank at once: rank = pos * scale + offset, -1 stays -1."""
     def to_rank(p):
         return np.where(p >= 0, p * scale + offset, -1)
@@ -567,7 +579,7 @@ def fast_collective(eng: FastCluster, spec: AlgorithmSpec, d: int, it: int, G: i
     every merge keeping k). G: ranks per node for the hierarchical collectives."""
     P = eng.P
     R = np.arange(P, dtype=np.int64)
-    ident = _mapper(None, 1, 0)
+    ident = _mapper(1, 0)
     vb, ib = spec.value_bytes, spec.index_bytes
     s_el = vb + ib
     coll = spec.collective
@@ -584,11 +596,11 @@ def fast_collective(eng: FastCluster, spec: AlgorithmSpec, d: int, it: int, G: i
         elif coll == "hierarchical":
             local, node = R % G, R // G
             N = P // G
-            intra = _mapper(None, 1, node * G)
+            intra = _mapper(1, node * G)
             steps = list(C.ring_schedule(local, G))
             _ring(eng, steps[:G - 1], intra, lambda c: _split_sizes(d, G, c), vb, it)
             own = _split_sizes(d, G, (local + 1) % G)
-            _ring(eng, C.ring_schedule(node, N), _mapper(None, G, local), lambda c: _split_sizes(own, N, c), vb, it)
+            _ring(eng, C.ring_schedule(node, N), _mapper(G, local), lambda c: _split_sizes(own, N, c), vb, it)
             _ring(eng, steps[G - 1:], intra, lambda c: _split_sizes(d, G, c), vb, it)
         else:
             raise SparsimError(f"collective = {coll!r} has no timing-only mode: valid ring, recursive_doubling, hierarchical")
@@ -599,7 +611,7 @@ def fast_collective(eng: FastCluster, spec: AlgorithmSpec, d: int, it: int, G: i
         if coll == "hierarchical":
             local, node = R % G, R // G
             N = P // G
-            intra = _mapper(None, 1, node * G)
+            intra = _mapper(1, node * G)
             _binomial(eng, C.binomial_reduce_schedule(local, G), intra,
                       lambda mask, dst: np.minimum(mask, G - local) * m, 0, it)
             leader = local == 0
@@ -620,9 +632,9 @@ def fast_collective(eng: FastCluster, spec: AlgorithmSpec, d: int, it: int, G: i
     elif coll == "hierarchical":
         local, node = R % G, R // G
         N = P // G
-        intra = _mapper(None, 1, node * G)
+        intra = _mapper(1, node * G)
         _binomial(eng, C.binomial_reduce_schedule(local, G), intra, lambda mask, dst: m, 2 * k, it)
-        _gtopk_rd(eng, node, N, _mapper(None, G, 0), k, s_el, b, it, active=local == 0)
+        _gtopk_rd(eng, node, N, _mapper(G, 0), k, s_el, b, it, active=local == 0)
         _binomial(eng, C.binomial_bcast_schedule(local, G), intra, lambda mask, dst: m + b, 0, it)
     else:
         raise SparsimError(f"collective = {coll!r} is unknown for {spec.name}")
@@ -642,8 +654,9 @@ def simulate_timing_fast(spec: AlgorithmSpec, P: int, d: int, *, network, comput
                          batch_size: int = 1, iterations: int = 1):
     """:func:`sim.timing.simulate_timing` on the fast engine; returns a :class:`sim.timing.TimingResult`.
 
-    Every iteration starts with all ranks together (synchronous S-SGD). Memory O(P). Raises SparsimError /
-    ConfigError for bad P, d, k or iterations, and for a hierarchical collective on a flat network."""
+    Every iteration starts with all ranks together (synchronous S-SGD). Memory O(P) (a step replayed event by
+    event: O(its messages)). Raises SparsimError / ConfigError for bad P, d, k or iterations, or a network the
+    fast engine does not model (:func:`fast_engine_refusal`)."""
     from .timing import TimingResult
 
     check_range("P", P, 1)
@@ -651,9 +664,7 @@ def simulate_timing_fast(spec: AlgorithmSpec, P: int, d: int, *, network, comput
     check_range("iterations", iterations, 1)
     spec.check_dim(d)
     eng = FastCluster(P, network, compute)
-    G = eng.fabric.gpus_per_node if isinstance(eng.fabric, ClusterSpec) else 1
-    if spec.collective == "hierarchical" and G == 1 and not isinstance(eng.fabric, ClusterSpec):
-        G = 1
+    G = spec.gpus_per_node  # as sgd_step and timing_program take it (sim.timing checks it against the cluster)
     times = []
     for it in range(iterations):
         t0 = eng.barrier()

@@ -236,8 +236,8 @@ class Network:
         if isinstance(spec, ClusterSpec):  # hierarchical: integer link ids with their own latency and bandwidth
             lat, bw, lev = spec.link_table()
             self._links = (lat.tolist(), bw.tolist(), lev)  # Python floats: the hop loop runs per message
-            self._shared = set(np.flatnonzero(np.isin(lev, spec.shared_levels())).tolist())
             self._waiting: dict[int, list] = {}
+            self._in_flight = np.zeros((2, self.P), dtype=np.int64)  # messages leaving / reaching each rank
             self._routes: dict[tuple[int, int], list[int]] = {}
             self._q = 0.0
             for key in range(len(lat)):
@@ -354,7 +354,16 @@ class Network:
         if path:
             self.bytes_sent[src] += nbytes
             self.messages_sent[src] += 1
-        return self.env.process(self._send(path, nbytes, src))
+        if self._links is not None and path:
+            # a hierarchical cluster's per-rank links are modelled as uncontended, which holds because a rank
+            # has at most one message leaving and one arriving at a time (SimCluster's rendezvous)
+            if self._in_flight[0, src] or self._in_flight[1, dst]:
+                raise SparsimError(f"a hierarchical cluster carries one message at a time out of each rank and into "
+                                   f"each rank (rendezvous, as SimCluster drives it): rank {src} -> {dst} overlaps "
+                                   "another; valid: run programs on sim.cluster.SimCluster")
+            self._in_flight[0, src] += 1
+            self._in_flight[1, dst] += 1
+        return self.env.process(self._send(path, nbytes, src, dst))
 
     def _arbitrate(self, key, src):
         """Event that fires when message ``src``'s head may take shared link ``key``. All heads that reach the
@@ -377,7 +386,7 @@ class Network:
         waiting.append((src, ev))
         return ev
 
-    def _send(self, path, nbytes, src=0):
+    def _send(self, path, nbytes, src=0, dst=0):
         # FIFO service with known service times: a message reaching a link at time t starts at
         # max(t, the link's free time), the Lindley recursion a capacity-1 FIFO simpy.Resource
         # would realise with four events per hop; here each hop costs one timeout event.
@@ -388,8 +397,10 @@ class Network:
             lat, bw, _ = self._links
             tail = -math.inf  # when the message's last byte has left the previous link (plus its latency)
             for seg in path:
-                if seg[0] == "run":  # links only one rank uses: free when the head arrives (ClusterSpec.path_plan)
-                    _, L, inv = seg
+                if seg[0] == "run":  # unshared links: free when the head arrives (ClusterSpec.path_plan)
+                    _, L, inv, keys = seg
+                    for key in keys:
+                        busy[key] += nbytes / bw[key]
                     now = env.now
                     t = now + (L + nbytes * inv)
                     if tail + L > t:
@@ -411,6 +422,9 @@ class Network:
                 yield env.timeout((start - now) + lat[key])
             if tail > env.now:
                 yield env.timeout(tail - env.now)
+            if path:
+                self._in_flight[0, src] -= 1
+                self._in_flight[1, dst] -= 1
             return
         hold, delay = self._hop_quanta(nbytes)
         q = self._q

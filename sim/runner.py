@@ -205,6 +205,10 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
     obj = workers.objective
     d = x0.shape[0]
     spec.check_dim(d)
+    if driver == "simpy":
+        from .timing import check_cluster_matches
+
+        check_cluster_matches(spec, network)
     if driver not in ("simpy", "lockstep"):
         raise ValueError(f"driver = {driver!r}: valid simpy, lockstep")
     rec = MetricsRecorder(spec, obj, T=T, lr=lr, x0=x0, eval_every=eval_every, on_row=on_row, on_step=on_step)

@@ -40,7 +40,7 @@ from .network import NetworkSpec
 from .ops import Compute
 
 __all__ = ["phantom_dense", "random_selection", "timing_program", "TimingResult",
-           "simulate_timing", "closed_form_comm_s", "ENGINES", "resolve_engine"]
+           "simulate_timing", "closed_form_comm_s", "ENGINES", "resolve_engine", "check_cluster_matches"]
 
 
 def phantom_dense(d: int) -> np.ndarray:
@@ -131,17 +131,34 @@ ENGINES = ("auto", "message", "fast")
 
 def resolve_engine(engine: str, network) -> str:
     """The engine a timing-only simulation uses: ``"message"`` (SimPy, :mod:`sim.cluster`) or ``"fast"``
-    (:mod:`sim.fastsim`). ``"auto"`` picks the fast engine unless the network has ``quantum_s > 0`` (which
-    only the message-level engine models). Raises ConfigError for an unknown engine, or ``"fast"`` with
-    ``quantum_s > 0``."""
+    (:mod:`sim.fastsim`). ``"auto"`` picks the fast engine unless it refuses the network
+    (:func:`sim.fastsim.fast_engine_refusal`: ``quantum_s > 0``, or zero latency on shared links). Raises
+    ConfigError for an unknown engine, or ``"fast"`` on a network the fast engine refuses."""
     if engine not in ENGINES:
         raise ConfigError(f"engine = {engine!r} is unknown: valid engines are {', '.join(ENGINES)}")
-    quantised = getattr(network, "quantum_s", 0.0) > 0
+    from .fastsim import fast_engine_refusal
+
+    why = fast_engine_refusal(network)
     if engine == "auto":
-        return "message" if quantised else "fast"
-    if engine == "fast" and quantised:
-        raise ConfigError(f"engine = fast does not model quantum_s = {network.quantum_s}: valid engine = message or auto")
+        return "message" if why else "fast"
+    if engine == "fast" and why:
+        raise ConfigError(f"engine = fast: {why}")
     return engine
+
+
+def check_cluster_matches(spec: AlgorithmSpec, network) -> None:
+    """Raise ConfigError when a hierarchical collective's ``spec.gpus_per_node`` is not the cluster's (or the
+    network is flat): the collective's node groups must be the cluster's nodes."""
+    from .topology import ClusterSpec
+
+    if spec.collective != "hierarchical":
+        return
+    if not isinstance(network, ClusterSpec):
+        raise ConfigError(f"collective = hierarchical ({spec.name}) needs a hierarchical cluster (a ClusterSpec: "
+                          "cluster.network = a cluster preset or hierarchical), not a flat network")
+    if spec.gpus_per_node != network.gpus_per_node:
+        raise ConfigError(f"gpus_per_node = {spec.gpus_per_node} of the {spec.name} hierarchical collective differs "
+                          f"from the cluster's {network.gpus_per_node}: valid {network.gpus_per_node}")
 
 
 def simulate_timing(spec: AlgorithmSpec, P: int, d: int, *, network, compute: ComputeModel | None = None,
@@ -161,6 +178,7 @@ def simulate_timing(spec: AlgorithmSpec, P: int, d: int, *, network, compute: Co
     check_range("d", d, 1)
     check_range("iterations", iterations, 1)
     spec.check_dim(d)
+    check_cluster_matches(spec, network)
     if resolve_engine(engine, network) == "fast":
         from .fastsim import simulate_timing_fast
 

@@ -59,6 +59,10 @@ from .errors import ConfigError, check_int, check_real
 
 __all__ = ["INTRA_FABRICS", "ClusterSpec", "CLUSTER_PRESETS", "get_cluster_preset", "LEVELS"]
 
+#: Upper limits of a cluster's link parameters: no interconnect is slower to answer than 10 s or faster than
+#: 1 PB/s per link; larger values would only overflow the simulated clock into nonsense.
+MAX_LATENCY_S = 10.0
+MAX_BANDWIDTH_BPS = 1e15
 #: Valid values of :attr:`ClusterSpec.intra`.
 INTRA_FABRICS = ("nvswitch", "pcie")
 #: Link levels, in the order every path visits them.
@@ -119,8 +123,15 @@ class ClusterSpec:
             raise ConfigError(f"nics_per_node = {self.nics_per_node} does not divide gpus_per_node = {G}: "
                               f"valid divisors of {G}: {', '.join(str(x) for x in range(1, G + 1) if G % x == 0)}")
         _int("nodes_per_leaf", self.nodes_per_leaf, 0)
-        _real("oversubscription", self.oversubscription, 1)
-        _real("spine_alpha_s", self.spine_alpha_s, 0)
+        if self.nodes_per_leaf and self.nodes_per_leaf >= self.nodes:
+            raise ConfigError(f"nodes_per_leaf = {self.nodes_per_leaf} leaves one leaf for nodes = {self.nodes}: valid "
+                              f"0 (one non-blocking switch) or 1 <= nodes_per_leaf < nodes = {self.nodes}")
+        _real("oversubscription", self.oversubscription, 1, 1000)
+        _real("spine_alpha_s", self.spine_alpha_s, 0, MAX_LATENCY_S)
+        for name in ("intra_alpha_s", "inter_alpha_s"):
+            _real(name, getattr(self, name), 0, MAX_LATENCY_S)
+        for name in ("intra_bandwidth_Bps", "inter_bandwidth_Bps"):
+            _real(name, getattr(self, name), 0, MAX_BANDWIDTH_BPS, lo_open=True)
 
     # -- shape ------------------------------------------------------------------------------
     @property
@@ -182,16 +193,26 @@ class ClusterSpec:
         return lat, bw, lev
 
     def shared_levels(self) -> tuple[int, ...]:
-        """Levels whose links more than one rank's messages can use (need FIFO state in a round):
-        the NICs when shared, the leaf links, and with PCIe the GPU ports (intra and inter traffic)."""
+        """Levels whose links can carry messages of more than one sender (up levels) or more than one receiver
+        (down levels), which therefore need FIFO state: the NICs when GPUs share them, the leaf links when
+        there are several leaves, and with PCIe and G > 1 the GPU ports (the node's traffic to and from other
+        nodes is staged through the host over them). Every other link serves one rank's sends or one rank's
+        receives, one at a time (rendezvous), so it is never contended."""
         out = []
-        if self.intra == "pcie":
+        if self.intra == "pcie" and self.gpus_per_node > 1:
             out += [0, 5]
         if self.nics_per_node < self.gpus_per_node:
             out += [1, 4]
-        if self.leaves:
+        if self.leaves > 1:
             out += [2, 3]
         return tuple(sorted(out))
+
+    def zero_latency_shared(self) -> bool:
+        """True when a shared level has zero latency: heads then reach the next shared link in the same instant
+        as others and the fast engine's tie order is not the message-level engine's (use engine = message)."""
+        lat = {0: self.intra_alpha_s, 5: self.intra_alpha_s, 1: self.inter_alpha_s, 4: self.inter_alpha_s,
+               2: self.spine_alpha_s, 3: self.spine_alpha_s}
+        return any(lat[lev] == 0 for lev in self.shared_levels())
 
     def routes(self, src, dst) -> np.ndarray:
         """Link ids of the path of each message, int64 array (m, 6) by level, -1 where a level is not crossed.
@@ -221,19 +242,27 @@ class ClusterSpec:
 
     def path_plan(self, src: int, dst: int) -> list[tuple]:
         """One message's path as segments, the form both engines evaluate (same float operations):
-        ``("run", latency_sum, 1 / min bandwidth)`` for consecutive links only one rank ever uses (a pipelined
-        run of them costs its summed latency plus n / its slowest bandwidth, so it is evaluated in one step),
-        ``("link", id)`` for a link of a shared level (FIFO). Empty for src == dst."""
-        lat, bw, lev = self._table()
+        ``("run", latency_sum, 1 / min bandwidth, links)`` for consecutive links of unshared levels (each used by
+        one rank's sends or one rank's receives, one at a time: a pipelined run of them costs its summed latency
+        plus n / its slowest bandwidth, so it is evaluated in one step), ``("link", id)`` for a link of a shared
+        level (FIFO, :meth:`shared_levels`). Empty for src == dst."""
+        return self.plan_of_route(self.routes(np.array([src]), np.array([dst]))[0].tolist())
+
+    def plan_of_route(self, row: list[int]) -> list[tuple]:
+        """:meth:`path_plan` of a route given as its row of :meth:`routes` (link id per level, -1 = absent)."""
+        lat, bw, _ = self._table()
         shared = self.shared_levels()
         out: list[tuple] = []
-        for L in self.route(src, dst):
-            if int(lev[L]) in shared:
+        for lev, L in enumerate(row):
+            if L < 0:
+                continue
+            if lev in shared:
                 out.append(("link", L))
             elif out and out[-1][0] == "run":
-                out[-1] = ("run", out[-1][1] + float(lat[L]), max(out[-1][2], 1.0 / float(bw[L])))
+                _, Ls, inv, links = out[-1]
+                out[-1] = ("run", Ls + float(lat[L]), max(inv, 1.0 / float(bw[L])), links + (L,))
             else:
-                out.append(("run", float(lat[L]), 1.0 / float(bw[L])))
+                out.append(("run", float(lat[L]), 1.0 / float(bw[L]), (L,)))
         return out
 
     def _table(self):

@@ -34,8 +34,10 @@ def _networks(P, G):
     hier = {"rail": ClusterSpec(N, G, "nvswitch", 5e-6, 100e9, 5e-5, 3e9, nics_per_node=G),
             "shared-nic": ClusterSpec(N, G, "nvswitch", 5e-6, 100e9, 5e-5, 3e9, nics_per_node=1),
             "pcie": ClusterSpec(N, G, "pcie", 1e-5, 1e9, 4e-4, 1.25e8, nics_per_node=1),
-            "fat-tree": ClusterSpec(N, G, "nvswitch", 5e-6, 100e9, 5e-5, 3e9, nics_per_node=G, nodes_per_leaf=2,
-                                    oversubscription=2.0, spine_alpha_s=2e-6)}
+            }
+    if N > 2:  # leaves of 2 nodes
+        hier["fat-tree"] = ClusterSpec(N, G, "nvswitch", 5e-6, 100e9, 5e-5, 3e9, nics_per_node=G, nodes_per_leaf=2,
+                                       oversubscription=2.0, spine_alpha_s=2e-6)
     return {**(flat if G == 1 else {}), **hier}
 
 
@@ -135,9 +137,34 @@ def test_engine_choice():
     assert resolve_engine("auto", star) == "fast"
     assert resolve_engine("auto", quantised) == "message"
     assert resolve_engine("message", star) == "message"
-    with pytest.raises(ConfigError, match="engine = fast does not model quantum_s = 1e-09"):
+    with pytest.raises(ConfigError, match="engine = fast: quantum_s = 1e-09 is not modelled by the fast engine"):
         resolve_engine("fast", quantised)
+    # same-instant heads at shared links cascade differently in the two engines: refused, auto takes message
+    tied = ClusterSpec(6, 2, "nvswitch", 5e-6, 100e9, 5e-5, 3e9, nics_per_node=2, nodes_per_leaf=2)  # spine 0 s
+    assert resolve_engine("auto", tied) == "message"
+    with pytest.raises(ConfigError, match="positive latency on shared links"):
+        resolve_engine("fast", tied)
+    assert resolve_engine("auto", NetworkSpec.from_alpha_beta(0.0, 1e-9, "ring")) == "message"
+    assert resolve_engine("auto", NetworkSpec.from_alpha_beta(0.0, 1e-9, "star")) == "fast"  # nothing shared
+    assert resolve_engine("auto", ClusterSpec(6, 2, "nvswitch", 0.0, 100e9, 0.0, 3e9, nics_per_node=2)) == "fast"
     with pytest.raises(ConfigError, match="engine = 'warp' is unknown: valid engines are auto, message, fast"):
         resolve_engine("warp", star)
     with pytest.raises(ConfigError, match="P = 8 but the cluster has 2 x 8 = 16 ranks"):
         FastCluster(8, get_cluster_preset("dgx-h100", 16))
+
+
+def test_hierarchical_collective_must_use_the_cluster_nodes():
+    """One source of G: a hierarchical collective whose gpus_per_node is not the cluster's (or a flat network)
+    is refused by both engines instead of silently grouping ranks differently."""
+    cs = ClusterSpec(2, 4, nics_per_node=4)
+    for engine in ("message", "fast"):
+        with pytest.raises(ConfigError, match="gpus_per_node = 1 of the dense hierarchical collective differs"):
+            simulate_timing(AlgorithmSpec("dense", collective="hierarchical"), 8, 100, network=cs, engine=engine)
+        with pytest.raises(ConfigError, match="needs a hierarchical cluster"):
+            simulate_timing(AlgorithmSpec("gtopk", k=4, collective="hierarchical", gpus_per_node=4), 8, 100,
+                            network=get_preset("1GbE"), engine=engine)
+
+
+def test_comm_time_is_never_negative_at_p1():
+    r = simulate_timing_fast(AlgorithmSpec("dense"), 1, 1000, network=get_preset("1GbE"), compute=JITTER, iterations=3)
+    assert r.comm_s == 0.0

@@ -182,6 +182,9 @@ def test_presets_and_their_numbers():
     (lambda: ClusterSpec(2, 4, oversubscription=0.5), "oversubscription = 0.5 is out of range: valid 1 <= oversubscription"),
     (lambda: ClusterSpec(2, 4, nics_per_node=3), "nics_per_node = 3 does not divide gpus_per_node = 4"),
     (lambda: ClusterSpec(2, 4, intra="nvlink"), "intra = 'nvlink' is unknown"),
+    (lambda: ClusterSpec(2, 4, nodes_per_leaf=5), "nodes_per_leaf = 5 leaves one leaf for nodes = 2"),
+    (lambda: ClusterSpec(2, 4, intra_alpha_s=1e308), "intra_alpha_s = 1e+308 is out of range: valid 0 <= intra_alpha_s <= 10"),
+    (lambda: ClusterSpec(2, 4, inter_bandwidth_Bps=1e300), "inter_bandwidth_Bps = 1e+300 is out of range"),
 ])
 def test_bad_cluster_values_name_the_value_and_the_range(make, needle):
     with pytest.raises(ConfigError, match=None) as err:
@@ -228,6 +231,12 @@ def test_readme_key_table_is_the_schema():
     (["cluster.gpus_per_node=4"], "cluster.gpus_per_node: describes a hierarchical cluster, used only with network"),
     (["cluster.engine=\"fast\""], "cluster.engine = 'fast' simulates timing-only iterations"),
     (["cluster.network=\"dgx-h100\"", "cluster.quantum_s=1e-9"], "cluster.quantum_s = 1e-09 applies to flat networks"),
+    (["cluster.network=\"dgx-h100\"", "cluster.alpha_s=1.0"], "cluster.alpha_s: used only with network = 'custom' or"),
+    (["cluster.network=\"hierarchical\"", "cluster.topology=\"ring\""], "cluster.topology: used only with network = 'custom'"),
+    (["cluster.network=\"hierarchical\"", "cluster.gpus_per_node=4", "cluster.intra_alpha_s=1e308"],
+     "cluster.intra_alpha_s = 1e+308"),
+    (["compression.gtopk_collective=\"hierarchical\""],
+     "compression.gtopk_collective = 'hierarchical' needs a hierarchical cluster"),
 ])
 def test_bad_cluster_scenarios_are_one_line_exit_2_and_leave_nothing(tmp_path, sets, needle):
     out = tmp_path / "run"
@@ -276,3 +285,30 @@ def test_predict_simulate_on_the_dgx_preset_prints_simulated_and_closed_forms():
 def test_predict_bad_input(args, needle):
     r = _cli(["predict", *args])
     assert r.exit_code == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_predict_defaults_to_p_that_fit_the_preset():
+    r = _cli(["predict", "--network", "dgx-h100"])
+    assert r.exit_code == 0, r.output
+    Ps = [int(ln.split()[0]) for ln in r.output.splitlines() if ln.split() and ln.split()[0].isdigit()]
+    assert Ps == [8, 16, 32, 64, 128, 256]
+
+
+def test_cluster_links_carry_one_message_per_rank_and_direction():
+    """The unshared links of a hierarchical cluster are uncontended because a rank has one message out and one
+    in at a time (rendezvous); a direct incast through Network.transfer is refused rather than mis-timed, and
+    the links' busy time is accounted."""
+    import simpy
+
+    from sim.network import Network
+
+    env = simpy.Environment()
+    net = Network(env, 4, ClusterSpec(4, 1))
+    net.transfer(1, 0, 1_000_000)
+    with pytest.raises(SparsimError, match="one message at a time out of each rank and into each rank"):
+        net.transfer(2, 0, 1_000_000)
+    env.run()
+    net.transfer(2, 0, 1_000_000)  # the first has arrived: fine
+    env.run()
+    up = 2 * 4 + 2  # nic_up of node 2
+    assert net.link_busy_s[up] == pytest.approx(1_000_000 * 9e-9)
