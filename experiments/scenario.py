@@ -57,16 +57,21 @@ class ClusterCfg(_Strict):
                                                  "intra_bandwidth_Bps", "nodes_per_leaf", "oversubscription",
                                                  "spine_alpha_s")
 
+    def _changed(self, keys) -> list[str]:
+        """Those of ``keys`` given a value other than their default (a dumped and reloaded scenario has every
+        key set, at its default where the user gave none)."""
+        return [k for k in keys if k in self.model_fields_set and getattr(self, k) != type(self).model_fields[k].default]
+
     @model_validator(mode="after")
     def _keys_in_use(self):
         for keys, where in ((("alpha_s", "bandwidth_Bps"), ("custom", "hierarchical")), (("topology",), ("custom",))):
-            unused = [k for k in keys if k in self.model_fields_set]
+            unused = self._changed(keys)
             if unused and self.network not in where:
                 raise ValueError(f"{', '.join('cluster.' + k for k in unused)}: used only with network = "
                                  f"{' or '.join(repr(w) for w in where)} (here network = {self.network!r}, whose "
                                  "preset fixes its own)")
         if self.network != "hierarchical":
-            unused = [k for k in self.HIERARCHY_KEYS if k in self.model_fields_set]
+            unused = self._changed(self.HIERARCHY_KEYS)
             if unused:
                 raise ValueError(f"{', '.join('cluster.' + k for k in unused)}: "
                                  f"{'describes' if len(unused) == 1 else 'describe'} a hierarchical cluster, used only "

@@ -312,3 +312,14 @@ def test_cluster_links_carry_one_message_per_rank_and_direction():
     env.run()
     up = 2 * 4 + 2  # nic_up of node 2
     assert net.link_busy_s[up] == pytest.approx(1_000_000 * 9e-9)
+
+
+def test_a_scenario_survives_its_own_dump():
+    """The torch ranks rebuild the scenario from model_dump(): every key is then set, at its default where the
+    user gave none, which must not trip the 'key used only with network = ...' rule."""
+    from experiments.scenario import Scenario, load_scenario
+
+    for ov in ([], ["cluster.network=\"hierarchical\"", "cluster.gpus_per_node=4", "cluster.alpha_s=1e-5"],
+               ["cluster.network=\"dgx-h100\"", "cluster.P=16"]):
+        sc = load_scenario(None, ov)
+        assert Scenario.model_validate(sc.model_dump()) == sc
