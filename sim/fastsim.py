@@ -235,7 +235,7 @@ class FastCluster:
             allsh = np.concatenate(shared_links) if shared_links else np.empty(0, dtype=np.int64)
             if len(groups) > 1 and np.unique(allsh).shape[0] < allsh.shape[0]:
                 groups = [np.arange(s.shape[0])]  # a link shared across groups: serve all messages together
-            return [(None if gi.shape[0] == s.shape[0] else gi, self._plan(R[gi])) for gi in groups]
+            return [(None if gi.shape[0] == s.shape[0] else gi, self._plan(R[gi], s[gi])) for gi in groups]
         if f.topology in ("direct", "star"):
             return None
         P = self.P  # ring topology: shortest direction, ties clockwise; link ids cw = node, ccw = P + node
@@ -244,7 +244,7 @@ class FastCluster:
         hops = np.where(step == 1, cw, P - cw)
         return step, hops
 
-    def _plan(self, R):
+    def _plan(self, R, order):
         """The segments the messages with routes R (int array (m, 6), -1 = level not crossed) go through, in
         order, as :meth:`sim.topology.ClusterSpec.path_plan` cuts each path: ``("run", k, L, inv)`` flushes the
         accumulated run of unshared links of messages k (None: all), ``("link", k, links, lat, bw, state)``
@@ -279,9 +279,36 @@ class FastCluster:
             flush(has)
             links = col[has]
             state = "unique" if np.unique(links).shape[0] == links.shape[0] else "fifo"
+            if state == "fifo":  # every link with the same number of messages: a (links x messages) table
+                pos = np.lexsort((order[has], links))
+                _, counts = np.unique(links[pos], return_counts=True)
+                if counts.min() == counts.max():
+                    members = pos.reshape(-1, int(counts[0]))  # row: one link's messages, by sender rank
+                    state = ("table", members, links[members[:, 0]])
             segs.append(("link", sub(has), links, self._lat[links], self._bw[links], state))
         flush(np.ones(m, dtype=bool))
         return segs
+
+    def _fifo_table(self, members, row_links, hd, hold, tl):
+        """:func:`_fifo` when every link of the segment carries the same number G of messages: ``members``
+        (int array (links, G), positions by sender rank) and ``row_links`` (int array (links,)). Sorts each row by
+        head time (stably, so ties keep the lower sender first) and runs Lindley's recursion over the G columns;
+        the same operations as :func:`_fifo`, in fewer numpy calls. Returns (start, end) float arrays."""
+        H = hd[members]
+        pos = np.take_along_axis(members, np.argsort(H, axis=1, kind="stable"), axis=1)
+        if np.any(hd[pos[:, 0]] <= self._last_head[row_links]):
+            self._overtaken = True
+        prev = self._free[row_links]
+        st_all, en_all = np.empty(hd.shape), np.empty(hd.shape)
+        for j in range(pos.shape[1]):
+            p = pos[:, j]
+            st = np.maximum(hd[p], prev)
+            en = np.maximum(st + hold[p], tl[p])
+            st_all[p], en_all[p] = st, en
+            prev = en
+        self._free[row_links] = prev
+        self._last_head[row_links] = hd[pos[:, -1]]
+        return st_all, en_all
 
     def _transfer(self, s, nb, start, route):
         """Arrival time of each message (float array (m,)) that leaves its sender at ``start``."""
@@ -322,10 +349,12 @@ class FastCluster:
                             st = np.maximum(hd, self._free[links])
                             en = np.maximum(st + hold, tl)
                             self._free[links] = en
-                        else:
+                        elif state == "fifo":
                             st, en, ov = _fifo(links, hd, np.broadcast_to(hold, hd.shape), tl, self._free, oo,
                                                self._last_head)
                             self._overtaken |= ov
+                        else:  # _fifo on a regular table: each row a link, sorted by (head, sender) per round
+                            st, en = self._fifo_table(state[1], state[2], hd, np.broadcast_to(hold, hd.shape), tl)
                         nh, nt = hd + ((st - hd) + lat), en + lat
                     if k is None:
                         head, tail = nh, nt
