@@ -94,6 +94,10 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, n
 
     ov = list(overrides) + option_overrides(algorithms=algorithms, timeout_s=timeout_s,
                                             backend_allreduce=backend_allreduce, dist_backend=dist_backend)
+    if backend != "torch" and (timeout_s is not None or dist_backend is not None):
+        given = [o for o, v in (("--timeout", timeout_s), ("--dist-backend", dist_backend)) if v is not None]
+        raise SparsimError(f"{' and '.join(given)} apply to the torch backend only: valid with --backend torch "
+                           "(the simulator's network is cluster.network)")
     if nproc is not None:
         if backend != "torch":
             raise SparsimError("--nproc needs --backend torch")

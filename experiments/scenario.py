@@ -106,6 +106,13 @@ class DataCfg(_Strict):
     d: int = Field(10_000, ge=10, le=10_000_000, description="synthetic objectives: dimension")
     n: int = Field(1024, ge=1, le=10_000_000, description="synthetic objectives / synthetic_epsilon: samples")
 
+    @model_validator(mode="after")
+    def _path_in_use(self):
+        if self.path and self.dataset != "libsvm":
+            raise ValueError(f"data.path = {self.path!r}: used only with dataset = 'libsvm' (here dataset = "
+                             f"{self.dataset!r}, which ignores it)")
+        return self
+
 
 class TrainingCfg(_Strict):
     """Optimisation."""

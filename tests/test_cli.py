@@ -187,3 +187,15 @@ def test_help_and_version_still_exit_0():
     assert CliRunner().invoke(main, ["--help"]).exit_code == 0
     r = CliRunner().invoke(main, ["--version"])
     assert r.exit_code == 0 and ", version " in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--set", "data.path=\"/nonexistent.svm\""], "data.path = '/nonexistent.svm': used only with dataset = 'libsvm'"),
+    (["--timeout", "5"], "--timeout apply to the torch backend only"),
+    (["--dist-backend", "gloo"], "--dist-backend apply to the torch backend only"),
+])
+def test_settings_the_simulator_would_ignore_are_errors(tmp_path, args, needle):
+    out = tmp_path / "run"
+    r = CliRunner().invoke(main, ["run", "--out", str(out), *QUICK, *args])
+    assert r.exit_code == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
