@@ -71,6 +71,11 @@ def _where(cond, a, b):
     return np.where(cond, a, b)
 
 
+def _ident(p):
+    """The identity rank map: a collective run on all P ranks rather than on a sub-group."""
+    return p
+
+
 def _not(cond):
     """Logical not of a Python bool or a bool array."""
     if isinstance(cond, (bool, np.bool_)):
@@ -181,7 +186,7 @@ def ring_allreduce(rank: int, P: int, x: np.ndarray, value_bytes: int = 4):
     buf = np.array(x, copy=True)
     if P == 1:
         return buf
-    return (yield from _ring_steps(buf, _chunk_bounds(buf.shape[0], P), ring_schedule(rank, P), lambda p: p, value_bytes))
+    return (yield from _ring_steps(buf, _chunk_bounds(buf.shape[0], P), ring_schedule(rank, P), _ident, value_bytes))
 
 
 def _chunk_bounds(d: int, P: int) -> np.ndarray:
@@ -250,10 +255,6 @@ def bruck_allgather(rank: int, P: int, item, nbytes_of):
     ceil(lg P) alpha + (P-1) m beta; = lg P alpha + (P-1) m beta for P = 2^m (recursive doubling).
     """
     return (yield from _bruck(rank, P, _ident, item, nbytes_of))
-
-
-def _ident(p):
-    return p
 
 
 def _bruck(pos: int, n: int, to_rank, item, nbytes_of):

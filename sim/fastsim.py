@@ -215,6 +215,9 @@ class FastCluster:
         self.messages += int(s.shape[0])
 
     def _route(self, s, d):
+        """What :meth:`_transfer` needs of the messages s -> d (int arrays (m,)), built once per pattern:
+        ("sum", latency sums, 1 / slowest bandwidths) when no link is shared; for a ClusterSpec, per group of
+        messages crossing the same levels, the :meth:`_plan` segments; for a ring topology, (direction, hops)."""
         f = self.fabric
         if self._unshared:  # no link is ever shared: a path costs its latencies plus n / its slowest bandwidth
             if isinstance(f, ClusterSpec):
@@ -236,9 +239,7 @@ class FastCluster:
             if len(groups) > 1 and np.unique(allsh).shape[0] < allsh.shape[0]:
                 groups = [np.arange(s.shape[0])]  # a link shared across groups: serve all messages together
             return [(None if gi.shape[0] == s.shape[0] else gi, self._plan(R[gi], s[gi])) for gi in groups]
-        if f.topology in ("direct", "star"):
-            return None
-        P = self.P  # ring topology: shortest direction, ties clockwise; link ids cw = node, ccw = P + node
+        P = self.P  # ring topology (star and direct are _unshared): shortest direction, ties clockwise; link ids cw = node, ccw = P + node
         cw = (d - s) % P
         step = np.where(cw <= P - cw, 1, -1)
         hops = np.where(step == 1, cw, P - cw)
@@ -367,13 +368,9 @@ class FastCluster:
                 else:
                     arrive[gidx] = fin
             return arrive
-        lat, bw = f.link_latency_s, f.link_bandwidth_Bps  # store-and-forward links (sim.network)
+        # ring topology: store-and-forward links (sim.network), every one shared
+        lat, bw = f.link_latency_s, f.link_bandwidth_Bps
         hold_all = np.broadcast_to(nb / bw, start.shape)
-        if f.topology == "direct":
-            return start + (lat + hold_all)
-        if f.topology == "star":  # uplink then downlink, never shared by these patterns' messages
-            t = start + (lat + hold_all)
-            return t + (lat + hold_all)
         t = start.copy()
         step, hops = route
         P = self.P
@@ -481,16 +478,7 @@ class FastCluster:
             finish(dr, arrive)
 
         def start_msg(sr, dr, i, t0):
-            nbytes = rounds[i][2][sr]
-            if not cluster and f.topology != "ring":  # star / direct: never shared
-                h = nbytes / bw_r
-                arrive = t0 + (lat_r + h)
-                if f.topology == "star":
-                    arrive = arrive + (lat_r + h)
-                finish(sr, arrive)
-                finish(dr, arrive)
-                return
-            hop_walk(sr, dr, i, 0, t0, -np.inf, nbytes)
+            hop_walk(sr, dr, i, 0, t0, -np.inf, rounds[i][2][sr])  # (star and direct are never replayed)
 
         def finish(r, when):
             if when > done_t[r]:

@@ -250,7 +250,7 @@ class ClusterSpec:
 
     def plan_of_route(self, row: list[int]) -> list[tuple]:
         """:meth:`path_plan` of a route given as its row of :meth:`routes` (link id per level, -1 = absent)."""
-        lat, bw, _ = self._table()
+        lat, bw, _ = self._table
         shared = self.shared_levels()
         out: list[tuple] = []
         for lev, L in enumerate(row):
@@ -265,12 +265,10 @@ class ClusterSpec:
                 out.append(("run", float(lat[L]), 1.0 / float(bw[L]), (L,)))
         return out
 
+    @functools.cached_property
     def _table(self):
-        t = self.__dict__.get("_link_table_cache")
-        if t is None:
-            t = self.link_table()
-            object.__setattr__(self, "_link_table_cache", t)
-        return t
+        """:meth:`link_table`, built once per spec (path_plan is called per message pair)."""
+        return self.link_table()
 
     def route(self, src: int, dst: int) -> list[int]:
         """Link ids of one message's path in order (empty for src == dst)."""
