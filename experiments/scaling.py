@@ -214,6 +214,32 @@ def _alpha_beta():
     return get_preset(NETWORK).end_to_end_alpha_beta()
 
 
+def _simulate_row(model: str, variant: str, spec: AlgorithmSpec, P: int, network, iterations: int) -> dict:
+    """Simulate ``spec`` for ``model`` on ``network`` (timing-only, engine auto) and return the row fields both
+    tables share (:data:`SCALING_COLUMNS` without the closed form): times in s, efficiency in %."""
+    from sim.timing import simulate_timing
+
+    m = MODELS[model]
+    fb = m.compute_s()
+    cm = ComputeModel(forward_backward_s=fb, select_coeff_s=SELECT_COEFF_S)
+    res = simulate_timing(spec, P, m.d, network=network, compute=cm, batch_size=m.batch, iterations=iterations,
+                          engine="auto")
+    t_iter = float(res.iter_s.mean())
+    return {"model": model, "variant": variant, "algorithm": spec.name, "collective": spec.collective,
+            "mask": spec.mask if spec.name == "gtopk" else "", "element_bytes": spec.value_bytes + (
+                spec.index_bytes if spec.name != "dense" else 0),
+            "d": m.d, "k": m.k if spec.name != "dense" else m.d, "batch": m.batch, "P": P, "iterations": iterations,
+            "t_iter_s": t_iter, "t_compute_s": res.compute_s, "t_select_s": res.compress_s,
+            "t_comm_s": t_iter - res.compute_s - res.compress_s,
+            "efficiency_pct": 100.0 * fb / t_iter, "per_worker_samples_per_s": m.batch / t_iter,
+            "messages": res.messages, "bytes": res.bytes}
+
+
+def _with_closed_form(row: dict, cf: float | None) -> dict:
+    """``row`` plus comm_closed_form_s (s) and comm_rel_diff = (t_comm - closed form) / closed form."""
+    return {**row, "comm_closed_form_s": cf, "comm_rel_diff": None if not cf else (row["t_comm_s"] - cf) / cf}
+
+
 def simulate_case(model: str, variant: str, P: int, iterations: int = 1) -> dict:
     """Simulate one (model, variant, P) in timing-only mode; return its :data:`SCALING_COLUMNS` row.
 
@@ -222,26 +248,14 @@ def simulate_case(model: str, variant: str, P: int, iterations: int = 1) -> dict
     t_comm_s = t_iter - t_compute - t_select (critical-path communication), compared with the sim.costs
     closed form (comm_rel_diff). efficiency_pct = 100 t_compute / t_iter.
     """
-    from sim.timing import closed_form_comm_s, simulate_timing
+    from sim.timing import closed_form_comm_s
 
     m = MODELS[model]
     spec = variant_spec(variant, m.k)
-    fb = m.compute_s()
-    cm = ComputeModel(forward_backward_s=fb, select_coeff_s=SELECT_COEFF_S)
-    res = simulate_timing(spec, P, m.d, network=get_preset(NETWORK), compute=cm, batch_size=m.batch,
-                          iterations=iterations, engine="auto")
-    t_iter = float(res.iter_s.mean())
-    t_comm = t_iter - res.compute_s - res.compress_s
-    a, b = _alpha_beta()
-    cf = closed_form_comm_s(spec, P, m.d, a, b)
-    return {"model": model, "variant": variant, "algorithm": spec.name, "collective": spec.collective,
-            "mask": spec.mask if spec.name == "gtopk" else "", "element_bytes": spec.value_bytes + (
-                spec.index_bytes if spec.name != "dense" else 0),
-            "d": m.d, "k": m.k if spec.name != "dense" else m.d, "batch": m.batch, "P": P, "iterations": iterations,
-            "t_iter_s": t_iter, "t_compute_s": res.compute_s, "t_select_s": res.compress_s, "t_comm_s": t_comm,
-            "comm_closed_form_s": cf, "comm_rel_diff": (t_comm - cf) / cf if cf else 0.0,
-            "efficiency_pct": 100.0 * fb / t_iter, "per_worker_samples_per_s": m.batch / t_iter,
-            "messages": res.messages, "bytes": res.bytes}
+    row = _simulate_row(model, variant, spec, P, get_preset(NETWORK), iterations)
+    out = _with_closed_form(row, closed_form_comm_s(spec, P, m.d, *_alpha_beta()))
+    out["comm_rel_diff"] = out["comm_rel_diff"] or 0.0
+    return out
 
 
 def simulate_cluster_case(model: str, variant: str, P: int, iterations: int = 1, cluster: str = CLUSTER) -> dict:
@@ -253,32 +267,20 @@ def simulate_cluster_case(model: str, variant: str, P: int, iterations: int = 1,
     :data:`CLUSTER_COLUMNS` (None for the flat algorithms across nodes). Raises ConfigError when P is not a
     multiple of the preset's GPUs per node.
     """
-    from sim.timing import closed_form_comm_s, simulate_timing
+    from sim.timing import closed_form_comm_s
 
     m = MODELS[model]
     cl = get_cluster_preset(cluster, P)
     G = cl.gpus_per_node
     spec = variant_spec(variant, m.k, G)
-    fb = m.compute_s()
-    cm = ComputeModel(forward_backward_s=fb, select_coeff_s=SELECT_COEFF_S)
-    res = simulate_timing(spec, P, m.d, network=cl, compute=cm, batch_size=m.batch, iterations=iterations,
-                          engine="auto")
-    t_iter = float(res.iter_s.mean())
-    t_comm = t_iter - res.compute_s - res.compress_s
+    row = _simulate_row(model, variant, spec, P, cl, iterations)
     if spec.collective == "hierarchical":
         cf = closed_form_comm_s(spec, P, m.d, 0.0, 0.0, cluster=cl)
     elif cl.nodes == 1:  # one node: every message GPU to GPU on the intra-node fabric, uncontended
         cf = closed_form_comm_s(spec, P, m.d, *cl.intra_alpha_beta())
     else:
         cf = None
-    return {"model": model, "variant": variant, "algorithm": spec.name, "collective": spec.collective,
-            "mask": spec.mask if spec.name == "gtopk" else "", "element_bytes": spec.value_bytes + (
-                spec.index_bytes if spec.name != "dense" else 0),
-            "d": m.d, "k": m.k if spec.name != "dense" else m.d, "batch": m.batch, "P": P, "iterations": iterations,
-            "t_iter_s": t_iter, "t_compute_s": res.compute_s, "t_select_s": res.compress_s, "t_comm_s": t_comm,
-            "comm_closed_form_s": cf, "comm_rel_diff": None if not cf else (t_comm - cf) / cf,
-            "efficiency_pct": 100.0 * fb / t_iter, "per_worker_samples_per_s": m.batch / t_iter,
-            "messages": res.messages, "bytes": res.bytes, "cluster": cluster, "nodes": cl.nodes, "gpus_per_node": G}
+    return {**_with_closed_form(row, cf), "cluster": cluster, "nodes": cl.nodes, "gpus_per_node": G}
 
 
 # ----------------------------------------------------------------------------- crossover
