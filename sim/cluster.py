@@ -20,7 +20,7 @@ import simpy
 
 from .compute import ComputeModel
 from .errors import SparsimError, check_range
-from .network import Network, NetworkSpec
+from .network import Network
 from .ops import AllReduce, Compute, Recv, Send, SendRecv, signature
 
 __all__ = ["SimCluster", "CATEGORY_OF_KIND"]
@@ -39,14 +39,15 @@ CATEGORY_OF_KIND = {
 class SimCluster:
     """P simulated ranks on one SimPy environment, a network and a compute model.
 
-    P: int >= 1. network: a :class:`~sim.network.NetworkSpec`. compute: a
+    P: int >= 1. network: a :class:`~sim.network.NetworkSpec` (flat) or a :class:`~sim.topology.ClusterSpec`
+    with P ranks (hierarchical). compute: a
     :class:`~sim.compute.ComputeModel` (default: all compute costs zero).
     Attributes: ``env`` (simpy.Environment, time in seconds), ``net`` (:class:`~sim.network.Network`),
     ``busy`` (float array (P, 3): seconds per rank in compute / compress / comm, cumulative).
     Raises SparsimError for P < 1.
     """
 
-    def __init__(self, P: int, network: NetworkSpec, compute: ComputeModel | None = None):
+    def __init__(self, P: int, network, compute: ComputeModel | None = None):
         check_range("P", P, 1)
         self.P = int(P)
         self.env = simpy.Environment()
