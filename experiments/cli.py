@@ -96,7 +96,8 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, n
                                             backend_allreduce=backend_allreduce, dist_backend=dist_backend)
     if backend != "torch" and (timeout_s is not None or dist_backend is not None):
         given = [o for o, v in (("--timeout", timeout_s), ("--dist-backend", dist_backend)) if v is not None]
-        raise SparsimError(f"{' and '.join(given)} apply to the torch backend only: valid with --backend torch "
+        raise SparsimError(f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to the torch backend "
+                           "only: valid with --backend torch "
                            "(the simulator's network is cluster.network)")
     if nproc is not None:
         if backend != "torch":
@@ -249,8 +250,8 @@ PREDICT_COLLECTIVES = {
 @click.option("--network", default="1GbE", show_default=True,
               help="flat preset (1GbE, 10GbE, IB100) or cluster preset (gtopk-icdcs, v100-25GbE, dgx-h100)")
 @click.option("--simulate", is_flag=True, help="also simulate each collective and print it next to the closed form")
-@click.option("--engine", type=click.Choice(["auto", "fast", "message"]), default="auto", show_default=True,
-              help="engine of --simulate (message: every message an event; slow beyond P ~ 256)")
+@click.option("--engine", type=click.Choice(["auto", "fast", "message"]), default=None,
+              help="engine of --simulate [default: auto] (message: every message an event; slow beyond P ~ 256)")
 @click.option("--collectives", default=None, help=f"comma-separated subset of {', '.join(PREDICT_COLLECTIVES)}")
 @_user_errors
 def predict(P, d, density, network, simulate, engine, collectives):
@@ -264,8 +265,11 @@ def predict(P, d, density, network, simulate, engine, collectives):
     from sim.timing import closed_form_comm_s, resolve_engine, simulate_timing
     from sim.topology import CLUSTER_PRESETS, get_cluster_preset
 
-    check_range("d", d, 1)
+    check_range("d", d, 1, 10**12)
     check_range("density", density, 0, 1, lo_open=True)
+    if engine is not None and not simulate:
+        raise SparsimError(f"--engine {engine} chooses the engine of --simulate: valid only with --simulate")
+    engine = engine or "auto"
     if P is None:
         G = CLUSTER_PRESETS[network].gpus_per_node if network in CLUSTER_PRESETS else 1
         P = ",".join(str(G * m) for m in ((1, 2, 4, 8, 16, 32) if G > 1 else (4, 8, 16, 32, 64, 128)))
@@ -281,6 +285,9 @@ def predict(P, d, density, network, simulate, engine, collectives):
     clusters = {p: get_cluster_preset(network, p) for p in Ps} if hier else {}
     default = list(PREDICT_COLLECTIVES) if hier else list(PREDICT_COLLECTIVES)[:5]
     cols = default if collectives is None else [c.strip() for c in collectives.split(",") if c.strip()]
+    if not cols:
+        raise SparsimError(f"--collectives {collectives!r} names none: valid a comma-separated subset of "
+                           f"{', '.join(PREDICT_COLLECTIVES)}")
     for c in cols:
         if c not in PREDICT_COLLECTIVES:
             raise SparsimError(f"--collectives: {c!r} is unknown: valid {', '.join(PREDICT_COLLECTIVES)}")
@@ -296,7 +303,8 @@ def predict(P, d, density, network, simulate, engine, collectives):
         alpha, beta = ae, be
     else:
         alpha, beta = get_preset(network).end_to_end_alpha_beta()
-        click.echo(f"d = {d}, k = {k}, alpha = {alpha:.3g} s, beta = {beta:.3g} s/byte; times in ms")
+        click.echo(f"d = {d}, k = {k}, alpha = {alpha:.3g} s, beta = {beta:.3g} s/byte" +
+                   ("" if simulate else "; times in ms"))
 
     def spec_of(c, p):
         alg, coll = PREDICT_COLLECTIVES[c]
@@ -326,8 +334,8 @@ def predict(P, d, density, network, simulate, engine, collectives):
             sim_s = float(simulate_timing(spec, p, d, network=clusters.get(p, net), engine=engine).iter_s[0])
             wall = time.perf_counter() - t0
             cf = closed_form_comm_s(spec, p, d, alpha, beta, clusters.get(p))
-            ratio = sim_s / cf if cf > 0 else float("nan")
-            click.echo(f"{p:>6}  {c:<20}{sim_s:>14.6g}{cf:>15.6g}{ratio:>12.4f}{wall:>9.3f}")
+            ratio = f"{sim_s / cf:.4f}" if cf > 0 else "-"  # P = 1: nothing to send
+            click.echo(f"{p:>6}  {c:<20}{sim_s:>14.6g}{cf:>15.6g}{ratio:>12}{wall:>9.3f}")
 
 
 @main.group()

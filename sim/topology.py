@@ -128,6 +128,10 @@ class ClusterSpec:
                               f"0 (one non-blocking switch) or 1 <= nodes_per_leaf < nodes = {self.nodes}")
         _real("oversubscription", self.oversubscription, 1, 1000)
         _real("spine_alpha_s", self.spine_alpha_s, 0, MAX_LATENCY_S)
+        if not self.nodes_per_leaf and (self.oversubscription != 1.0 or self.spine_alpha_s != 0.0):
+            raise ConfigError(f"oversubscription = {self.oversubscription} and spine_alpha_s = {self.spine_alpha_s} "
+                              "describe a fat tree, which nodes_per_leaf = 0 turns off: valid 1 <= nodes_per_leaf "
+                              f"< nodes = {self.nodes} with them, or oversubscription = 1 and spine_alpha_s = 0")
         for name in ("intra_alpha_s", "inter_alpha_s"):
             _real(name, getattr(self, name), 0, MAX_LATENCY_S)
         for name in ("intra_bandwidth_Bps", "inter_bandwidth_Bps"):

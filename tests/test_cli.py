@@ -191,8 +191,8 @@ def test_help_and_version_still_exit_0():
 
 @pytest.mark.parametrize("args, needle", [
     (["--set", "data.path=\"/nonexistent.svm\""], "data.path = '/nonexistent.svm': used only with dataset = 'libsvm'"),
-    (["--timeout", "5"], "--timeout apply to the torch backend only"),
-    (["--dist-backend", "gloo"], "--dist-backend apply to the torch backend only"),
+    (["--timeout", "5"], "--timeout applies to the torch backend only"),
+    (["--dist-backend", "gloo"], "--dist-backend applies to the torch backend only"),
 ])
 def test_settings_the_simulator_would_ignore_are_errors(tmp_path, args, needle):
     out = tmp_path / "run"

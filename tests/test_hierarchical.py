@@ -183,6 +183,8 @@ def test_presets_and_their_numbers():
     (lambda: ClusterSpec(2, 4, nics_per_node=3), "nics_per_node = 3 does not divide gpus_per_node = 4"),
     (lambda: ClusterSpec(2, 4, intra="nvlink"), "intra = 'nvlink' is unknown"),
     (lambda: ClusterSpec(2, 4, nodes_per_leaf=5), "nodes_per_leaf = 5 leaves one leaf for nodes = 2"),
+    (lambda: ClusterSpec(4, 4, spine_alpha_s=0.5), "describe a fat tree, which nodes_per_leaf = 0 turns off"),
+    (lambda: ClusterSpec(4, 4, oversubscription=4.0), "describe a fat tree, which nodes_per_leaf = 0 turns off"),
     (lambda: ClusterSpec(2, 4, intra_alpha_s=1e308), "intra_alpha_s = 1e+308 is out of range: valid 0 <= intra_alpha_s <= 10"),
     (lambda: ClusterSpec(2, 4, inter_bandwidth_Bps=1e300), "inter_bandwidth_Bps = 1e+300 is out of range"),
 ])
@@ -281,6 +283,9 @@ def test_predict_simulate_on_the_dgx_preset_prints_simulated_and_closed_forms():
     (["--P", "70000"], "P = 70000 is out of range: valid 1 <= P <= 65536"),
     (["--collectives", "hier_gtopk"], "hier_gtopk needs a cluster preset"),
     (["--collectives", "warp"], "'warp' is unknown"),
+    (["--collectives", " , "], "names none"),
+    (["--engine", "fast"], "valid only with --simulate"),
+    (["--d", "100000000000000000000"], "is out of range: valid 1 <= d <= 1000000000000"),
 ])
 def test_predict_bad_input(args, needle):
     r = _cli(["predict", *args])
