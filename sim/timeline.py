@@ -1,0 +1,467 @@
+"""The iteration timeline of data-parallel training: layer-wise backward overlapped with bucketed communication.
+
+One synchronous S-SGD iteration on P ranks, as PyTorch DDP, Horovod and the sparsifying libraries run it:
+
+- **compute stream** (per rank): forward through the layers in order, then backward in reverse; the gradient
+  of a parameter tensor is ready when its layer's backward ends; after the last bucket's result is in,
+  the optimizer ``update`` (``update_coeff_s`` per parameter). A rank's compute times are the workload's
+  per-layer times times the compute model's per-(rank, iteration) factor (jitter, stragglers:
+  :meth:`sim.compute.ComputeModel.forward_backward_factor`).
+- **communication stream** (per rank): the communication operations in a fixed order. An operation is a
+  *bucket* (a group of parameter tensors): for a sparse algorithm its selection (``select_coeff_s``
+  x log2 x over the bucket's x elements) runs on this stream as soon as the bucket's gradients are ready and
+  the previous operation is over (a comm hook runs it before launching the collective); the collective starts
+  when every rank has its input ready (it is synchronous across ranks) and lasts what the cluster simulation
+  of that collective alone says (:func:`sim.timing.simulate_timing`, the same engines and the same
+  collectives as everything else; operations of one stream never overlap, as NCCL ops on one stream and
+  gloo ops in one process group do not, so each is simulated in isolation). The compute stream does not slow the
+  network and vice versa (no contention between streams is modelled).
+
+Policies (:class:`TimelinePolicy`):
+
+- dense ``ddp``: DDP's buckets (:func:`ddp_buckets`, equal to what ``torch.distributed`` computes), each
+  allreduced when ready, in bucket order (DDP launches bucket i only after buckets 0..i-1);
+- dense ``horovod``: Horovod tensor fusion: every ``cycle_time_s`` the background loop takes the tensors
+  ready on every rank, packs them in ready order into fusion buffers of at most ``fusion_threshold_bytes``
+  and allreduces them one after the other; the next cycle starts ``cycle_time_s`` after this one started or
+  when its allreduces end, whichever is later (Horovod >= 0.21 defaults: 1 ms, 128 MiB);
+- ``none`` (dense) and ``model`` (sparse): one buffer of the whole model after backward -- the released
+  gTop-k code's policy and the model of :func:`sim.timing.simulate_timing`, which this equals exactly;
+- sparse ``bucket`` / ``layer``: selection per DDP bucket / per layer (the tensors of one layer), overlapped
+  with backward, ``k_b = max(1, round(density x d_b))`` for a bucket of d_b elements.
+
+Metrics of an iteration (rank 0): compute (forward + backward + update), compress (selection), comm (the sum
+of the collectives' durations), exposed communication = iteration time - compute (everything rank 0 waits
+for after its own work: collectives and selections not hidden behind backward, and slower ranks), overlap
+ratio = 1 - exposed / (comm + compress), clipped to [0, 1] (0 when nothing is communicated).
+
+:func:`chrome_trace` writes chosen iterations in the Chrome trace event format (Perfetto, chrome://tracing).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .algorithms import AlgorithmSpec
+from .compute import ComputeModel
+from .errors import ConfigError, check_int, check_real
+from .workloads.model import DeviceModel, Workload
+
+__all__ = ["DENSE_POLICIES", "SPARSE_POLICIES", "TimelinePolicy", "Bucket", "ddp_buckets", "layer_buckets",
+           "whole_model_bucket", "horovod_fusion", "CollectiveTimer", "IterationTimeline", "TimelineResult",
+           "simulate_timeline", "chrome_trace", "bucket_k"]
+
+#: Dense policies: DDP buckets overlapped with backward, Horovod tensor fusion, or one allreduce after backward.
+DENSE_POLICIES = ("ddp", "horovod", "none")
+#: Sparse policies: whole-model selection after backward (released gTop-k code), per DDP bucket, per layer.
+SPARSE_POLICIES = ("model", "bucket", "layer")
+MIB = 1024 * 1024
+#: DDP's default bucket cap (torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB) and first bucket
+#: (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), torch 2.13.
+DDP_DEFAULT_CAP_MB = 25.0
+DDP_DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
+
+
+@dataclass(frozen=True)
+class TimelinePolicy:
+    """How gradients are grouped and when their communication starts.
+
+    dense: one of :data:`DENSE_POLICIES`; sparse: one of :data:`SPARSE_POLICIES`.
+    bucket_cap_mb: DDP's ``bucket_cap_mb`` (MiB, > 0); None = DDP's default 25 MiB. first_bucket_mb: the cap of
+    the first bucket (the last layers' gradients); None = what DDP does: 1 MiB when bucket_cap_mb is left at
+    its default, else bucket_cap_mb itself (torch 2.13 ``_BucketCapacityConfig``).
+    fusion_threshold_mb (MiB, > 0) and cycle_time_s (s, > 0): Horovod's ``HOROVOD_FUSION_THRESHOLD`` and
+    ``HOROVOD_CYCLE_TIME`` (defaults 128 MiB and 1 ms, Horovod >= 0.21).
+    Raises ConfigError for an unknown policy or a value out of range.
+    """
+
+    dense: str = "ddp"
+    sparse: str = "model"
+    bucket_cap_mb: float | None = None
+    first_bucket_mb: float | None = None
+    fusion_threshold_mb: float = 128.0
+    cycle_time_s: float = 1e-3
+
+    def __post_init__(self):
+        if self.dense not in DENSE_POLICIES:
+            raise ConfigError(f"dense policy = {self.dense!r} is unknown: valid {', '.join(DENSE_POLICIES)}")
+        if self.sparse not in SPARSE_POLICIES:
+            raise ConfigError(f"sparse policy = {self.sparse!r} is unknown: valid {', '.join(SPARSE_POLICIES)}")
+        for f in ("bucket_cap_mb", "first_bucket_mb"):
+            if getattr(self, f) is not None:
+                check_real(f, getattr(self, f), 0, 1e6, lo_open=True, err=ConfigError)
+        check_real("fusion_threshold_mb", self.fusion_threshold_mb, 0, 1e6, lo_open=True, err=ConfigError)
+        check_real("cycle_time_s", self.cycle_time_s, 0, 10, lo_open=True, err=ConfigError)
+
+    def bucket_limits_bytes(self) -> tuple[int, int]:
+        """(first bucket cap, bucket cap) in bytes, as DDP computes them (``int(mb * 1024 * 1024)``)."""
+        cap = int((DDP_DEFAULT_CAP_MB if self.bucket_cap_mb is None else self.bucket_cap_mb) * MIB)
+        if self.first_bucket_mb is not None:
+            first = int(self.first_bucket_mb * MIB)
+        else:
+            first = DDP_DEFAULT_FIRST_BUCKET_BYTES if self.bucket_cap_mb is None else cap
+        return first, cap
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A group of parameter tensors communicated together.
+
+    tensors: indices into ``Workload.tensors``, in the order their gradients become ready. numel: their total
+    elements. The bucket is ready when its last tensor's gradient is.
+    """
+
+    tensors: tuple[int, ...]
+    numel: int
+
+
+def _bucket_assignment(sizes_bytes: list[int], limits: list[int]) -> list[list[int]]:
+    """DDP's ``compute_bucket_assignment_by_size`` (torch/csrc/distributed/c10d/reducer.cpp) for one dtype and
+    device: walk the tensors in the given order, add each to the open bucket, close the bucket as soon as its
+    size reaches the current limit and move to the next limit (the last one repeats); positions, not indices."""
+    out, cur, size, li = [], [], 0, 0
+    for pos, b in enumerate(sizes_bytes):
+        cur.append(pos)
+        size += b
+        if size >= limits[li]:
+            out.append(cur)
+            cur, size = [], 0
+            li = min(li + 1, len(limits) - 1)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def ddp_buckets(workload: Workload, policy: TimelinePolicy | None = None, element_bytes: int = 4) -> list[Bucket]:
+    """The buckets of PyTorch DDP (torch 2.13) after its first-iteration rebuild, in launch order.
+
+    DDP rebuilds its buckets after the first backward from the order in which gradients became ready
+    (``Reducer::rebuild_buckets``), with limits [first bucket cap, bucket cap] (:meth:`TimelinePolicy.
+    bucket_limits_bytes`); here the ready order is :meth:`Workload.grad_ready_order` (layers in reverse, a
+    layer's tensors in reverse definition order). element_bytes: bytes per gradient element (4: float32).
+    Returns the buckets in launch order (bucket 0 holds the last layers). Tested equal to
+    ``torch.distributed._compute_bucket_assignment_by_size`` and to a real DDP model's rebuilt buckets.
+    """
+    policy = policy or TimelinePolicy()
+    check_int("element_bytes", element_bytes, 1, 16, err=ConfigError)
+    order = workload.grad_ready_order()
+    sizes = [workload.tensors[i].numel * element_bytes for i in order]
+    first, cap = policy.bucket_limits_bytes()
+    groups = _bucket_assignment(sizes, [first, cap])
+    return [Bucket(tuple(order[p] for p in g), int(sum(workload.tensors[order[p]].numel for p in g))) for g in groups]
+
+
+def layer_buckets(workload: Workload) -> list[Bucket]:
+    """One bucket per layer with parameters (its tensors together), in backward order."""
+    li = workload.layer_index()
+    by_layer: dict[int, list[int]] = {}
+    for i in workload.grad_ready_order():
+        by_layer.setdefault(li[workload.tensors[i].layer], []).append(i)
+    return [Bucket(tuple(v), int(sum(workload.tensors[i].numel for i in v)))
+            for _, v in sorted(by_layer.items(), key=lambda kv: -kv[0])]
+
+
+def whole_model_bucket(workload: Workload) -> list[Bucket]:
+    """One bucket holding every tensor (the released gTop-k code's single buffer, DDP-less dense)."""
+    return [Bucket(tuple(workload.grad_ready_order()), workload.d)]
+
+
+def bucket_k(spec: AlgorithmSpec, d: int, d_b: int) -> int:
+    """k of a bucket of d_b elements for a sparse spec selecting spec.k of d: ``max(1, round(k / d x d_b))``
+    (density x bucket size), at most d_b; spec.k itself when d_b = d."""
+    if d_b == d:
+        return int(spec.k)
+    return int(min(d_b, max(1, round(spec.k / d * d_b))))
+
+
+def horovod_fusion(ready: np.ndarray, numel: np.ndarray, threshold_bytes: int, cycle_s: float, durations,
+                   element_bytes: int = 4):
+    """Horovod's tensor-fusion schedule (background cycle loop; docs/tensor-fusion.rst).
+
+    ready: float array (n,) of the times (s) each tensor is ready on every rank, in ready order; numel: int
+    array (n,). durations: callable numel -> allreduce seconds. Every cycle (starting at cycle_s), the tensors
+    ready by the cycle's start that are not yet reduced are packed in order into buffers of at most
+    threshold_bytes (a tensor larger than the threshold goes alone) and reduced one after another from
+    max(cycle start, end of the previous allreduce); the next cycle starts at max(start + cycle_s, end).
+    Returns a list of (tensor positions, start s, end s) per fused allreduce.
+    """
+    n = len(ready)
+    done = 0
+    t_cycle = cycle_s
+    free = 0.0
+    out = []
+    while done < n:
+        if ready[done] > t_cycle:  # nothing ready: skip to the first cycle at or after the next ready tensor
+            t_cycle += math.ceil((ready[done] - t_cycle) / cycle_s) * cycle_s
+            if ready[done] > t_cycle:  # rounding
+                t_cycle += cycle_s
+        stop = done
+        while stop < n and ready[stop] <= t_cycle:
+            stop += 1
+        start = max(t_cycle, free)
+        pos = done
+        while pos < stop:
+            grp, size = [pos], int(numel[pos]) * element_bytes
+            pos += 1
+            while pos < stop and size + int(numel[pos]) * element_bytes <= threshold_bytes:
+                size += int(numel[pos]) * element_bytes
+                grp.append(pos)
+                pos += 1
+            dur = durations(int(sum(int(numel[p]) for p in grp)))
+            out.append((grp, start, start + dur))
+            start += dur
+        free = start
+        done = stop
+        t_cycle = max(t_cycle + cycle_s, free)
+    return out
+
+
+class CollectiveTimer:
+    """Seconds of one collective of ``spec`` over ``numel`` elements on the cluster, simulated alone and cached.
+
+    Runs :func:`sim.timing.simulate_timing` for one iteration with a compute model that keeps only the
+    collective's own compute (merge and reduce coefficients) and no forward/backward, selection or update,
+    so the result is the collective's time on that engine. network: a NetworkSpec or ClusterSpec with P ranks.
+    """
+
+    def __init__(self, P: int, network, compute: ComputeModel | None, engine: str = "auto"):
+        self.P, self.network, self.engine = P, network, engine
+        base = compute or ComputeModel()
+        self.compute = dataclasses.replace(base, forward_backward_s=0.0, select_coeff_s=0.0, update_coeff_s=0.0,
+                                           jitter="none", jitter_scale=0.0, straggler_prob=0.0, straggler_factor=1.0)
+        self._cache: dict = {}
+
+    def __call__(self, spec: AlgorithmSpec, numel: int) -> float:
+        """Seconds of spec's collective over numel elements (spec.k already the bucket's k)."""
+        key = (spec, int(numel))
+        if key not in self._cache:
+            from .timing import simulate_timing
+
+            r = simulate_timing(spec, self.P, int(numel), network=self.network, compute=self.compute,
+                                iterations=1, engine=self.engine)
+            self._cache[key] = float(r.iter_s[0])
+        return self._cache[key]
+
+
+@dataclass
+class IterationTimeline:
+    """What happened in one iteration, for the trace: per rank, per stream, slices (name, start s, end s, args).
+
+    compute: list over ranks of lists of (name, start, end, args); comm: the same for the communication stream.
+    Times are seconds from the iteration's start.
+    """
+
+    iteration: int
+    duration_s: float = 0.0
+    compute: list = field(default_factory=list)
+    comm: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TimelineResult:
+    """Per-iteration times of a timeline simulation (all float arrays (iterations,), seconds, rank 0 except
+    iter_s, which is the slowest rank's finish).
+
+    compute_s: forward + backward + update; compress_s: selection time; comm_s: sum of the collectives'
+    durations; exposed_comm_s: iter_s - compute_s; overlap_ratio: 1 - exposed / (comm + compress) in [0, 1]
+    (0 when nothing is communicated). buckets: the communication operations (:class:`Bucket`) in order, with
+    ks: their k (None for dense). timelines: the :class:`IterationTimeline` of each traced iteration.
+    """
+
+    iter_s: np.ndarray
+    compute_s: np.ndarray
+    compress_s: np.ndarray
+    comm_s: np.ndarray
+    exposed_comm_s: np.ndarray
+    overlap_ratio: np.ndarray
+    buckets: list
+    ks: list
+    bytes_per_rank: int
+    timelines: list
+
+
+def _comm_ops(spec: AlgorithmSpec, workload: Workload, policy: TimelinePolicy) -> tuple[list[Bucket], str]:
+    if spec.name == "dense":
+        if policy.dense == "ddp":
+            return ddp_buckets(workload, policy, spec.value_bytes), "ddp"
+        if policy.dense == "horovod":
+            return [], "horovod"
+        return whole_model_bucket(workload), "none"
+    if policy.sparse == "bucket":
+        return ddp_buckets(workload, policy, spec.value_bytes), "bucket"
+    if policy.sparse == "layer":
+        return layer_buckets(workload), "layer"
+    return whole_model_bucket(workload), "model"
+
+
+def _bytes_of(spec: AlgorithmSpec, numel: int, k: int | None) -> int:
+    """Bytes one rank contributes to a bucket's collective: its dense values, or its k (value, index) pairs."""
+    if spec.name == "dense":
+        return numel * spec.value_bytes
+    return k * (spec.value_bytes + spec.index_bytes)
+
+
+def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, network, policy: TimelinePolicy | None = None,
+                      device: DeviceModel | None = None, batch_size: int = 32, compute: ComputeModel | None = None,
+                      iterations: int = 1, trace_iterations=(), engine: str = "auto", trace_ranks: int = 8,
+                      on_iteration=None) -> TimelineResult:
+    """Simulate ``iterations`` iterations of ``spec`` training ``workload`` on P ranks (module docstring).
+
+    spec: dense, or a sparse spec whose k is the whole model's (k / d is the density used per bucket);
+    network: NetworkSpec or ClusterSpec with P ranks; device: turns FLOPs into seconds (None for a measured
+    workload); batch_size: samples per rank; compute: jitter, stragglers and the select / merge / reduce /
+    update coefficients (its forward_backward_s is not used: the workload gives the compute).
+    trace_iterations: 1-based iterations whose per-rank slices are kept for :func:`chrome_trace` (the first
+    ``trace_ranks`` ranks). on_iteration: optional callable(t) after each iteration (progress).
+    Returns a :class:`TimelineResult`. Raises ConfigError / SparsimError for out-of-range values.
+    """
+    policy = policy or TimelinePolicy()
+    check_int("P", P, 1, err=ConfigError)
+    check_int("iterations", iterations, 1, err=ConfigError)
+    check_int("batch_size", batch_size, 1, err=ConfigError)
+    check_int("trace_ranks", trace_ranks, 1, err=ConfigError)
+    d = workload.d
+    spec.check_dim(d)
+    compute = compute or ComputeModel()
+    fwd, bwd = workload.layer_times(batch_size, device)
+    L = len(workload.layers)
+    # backward end of layer l relative to the backward start, at factor 1 (layers run in reverse)
+    bwd_end = np.empty(L)
+    acc = 0.0
+    for l in range(L - 1, -1, -1):
+        acc += bwd[l]
+        bwd_end[l] = acc
+    F, B = float(fwd.sum()), float(bwd.sum())
+    li = workload.layer_index()
+    tensor_ready = np.array([bwd_end[li[t.layer]] for t in workload.tensors])  # after forward, at factor 1
+    timer = CollectiveTimer(P, network, compute, engine)
+    buckets, mode = _comm_ops(spec, workload, policy)
+    ks = [None if spec.name == "dense" else bucket_k(spec, d, b.numel) for b in buckets]
+    bspecs = [spec if (k is None or k == spec.k) else dataclasses.replace(spec, k=k) for k in ks]
+    update_s = compute.seconds("update", d, 0, 0)
+    trace_set = {int(t) for t in trace_iterations}
+    R = min(P, trace_ranks)
+    out = {k: np.empty(iterations) for k in ("iter", "compute", "compress", "comm", "exposed", "overlap")}
+    timelines = []
+    if mode == "horovod":
+        order = workload.grad_ready_order()
+        numel_o = np.array([workload.tensors[i].numel for i in order], dtype=np.int64)
+    nbytes = 0
+    for t in range(1, iterations + 1):
+        factor = np.array([compute.forward_backward_factor(r, t) for r in range(P)]) \
+            if (compute.jitter != "none" or compute.straggler_prob > 0) else np.ones(P)
+        comp_end = factor * (F + B)  # (P,) backward end per rank
+        ops = []  # (name, bucket tensors, k, ready (P,), sel_s, coll_start, coll_end, bytes)
+        free = 0.0
+        if mode == "horovod":
+            ready_all = factor.max() * (F + tensor_ready[order])  # ready on every rank: the slowest rank's time
+            sched = horovod_fusion(ready_all, numel_o, int(policy.fusion_threshold_mb * MIB), policy.cycle_time_s,
+                                   lambda n: timer(spec, n), spec.value_bytes)
+            for grp, s, e in sched:
+                n = int(numel_o[grp].sum())
+                ops.append((f"allreduce {len(grp)} tensors", None, None, np.full(P, s), 0.0, s, e,
+                            n * spec.value_bytes))
+            free = sched[-1][2] if sched else 0.0
+            sel_total = 0.0
+        else:
+            sel_total = 0.0
+            for bi, (b, k, bs) in enumerate(zip(buckets, ks, bspecs)):
+                rdy = factor * (F + float(tensor_ready[list(b.tensors)].max()))  # (P,)
+                sel = compute.seconds("select", b.numel, 0, t) if spec.name != "dense" else 0.0
+                sel_end = np.maximum(rdy, free) + sel
+                cs = float(sel_end.max())
+                ce = cs + timer(bs, b.numel)
+                ops.append((f"bucket {bi}", b, k, rdy, sel, cs, ce, _bytes_of(spec, b.numel, k)))
+                free = ce
+                sel_total += sel
+        ends = np.maximum(comp_end, free) + update_s
+        it_s = float(ends.max())
+        comp0 = float(comp_end[0]) + update_s
+        comm = float(sum(o[6] - o[5] for o in ops))
+        exposed = it_s - comp0
+        denom = comm + sel_total
+        out["iter"][t - 1] = it_s
+        out["compute"][t - 1] = comp0
+        out["compress"][t - 1] = sel_total
+        out["comm"][t - 1] = comm
+        out["exposed"][t - 1] = exposed
+        out["overlap"][t - 1] = min(1.0, max(0.0, 1.0 - exposed / denom)) if denom > 0 else 0.0
+        nbytes = int(sum(o[7] for o in ops))
+        if t in trace_set:
+            tl = IterationTimeline(t, it_s)
+            for r in range(R):
+                c, fr = [], factor[r]
+                s = 0.0
+                for l, layer in enumerate(workload.layers):
+                    e = s + fr * fwd[l]
+                    c.append((f"forward {layer.name}", s, e, {"layer": layer.name}))
+                    s = e
+                for l in range(L - 1, -1, -1):
+                    e = s + fr * bwd[l]
+                    c.append((f"backward {workload.layers[l].name}", s, e, {"layer": workload.layers[l].name}))
+                    s = e
+                u0 = max(float(comp_end[r]), free)
+                c.append(("update", u0, u0 + update_s, {"parameters": d}))
+                m, prev = [], 0.0
+                for name, b, k, rdy, sel, cs, ce, nb in ops:
+                    if sel > 0:
+                        s0 = max(float(rdy[r]), prev)
+                        m.append((f"select {name}", s0, s0 + sel, {"elements": b.numel, "k": k}))
+                    args = {"bytes": nb, "elements": (b.numel if b is not None else nb // spec.value_bytes)}
+                    if k is not None:
+                        args["k"] = k
+                    m.append((f"{_coll_name(spec)} {name}", cs, ce, args))
+                    prev = ce
+                tl.compute.append(c)
+                tl.comm.append(m)
+            timelines.append(tl)
+        if on_iteration is not None:
+            on_iteration(t)
+    return TimelineResult(out["iter"], out["compute"], out["compress"], out["comm"], out["exposed"], out["overlap"],
+                          buckets, ks, nbytes, timelines)
+
+
+def _coll_name(spec: AlgorithmSpec) -> str:
+    return {"dense": "allreduce", "topk": "allgather", "randk": "allgather", "gtopk": "gtopk"}[spec.name]
+
+
+def chrome_trace(timelines_by_label: dict, path) -> None:
+    """Write a Chrome trace event JSON file (the format Perfetto and chrome://tracing open).
+
+    timelines_by_label: {label: [IterationTimeline, ...]} (e.g. one label per algorithm). Each (label, rank)
+    is a process (``pid``), named "<label> rank r"; its threads are ``compute`` (tid 0) and ``comm`` (tid 1).
+    Every slice is a complete event (``ph = "X"``) with ``ts`` and ``dur`` in microseconds from the start of
+    its iteration's window; iterations follow one another on the time axis in the order given. args carry
+    the bytes, elements and k of communication slices. The file is written to ``path + ".partial"`` and
+    renamed, so no half-written trace is left.
+    """
+    import os
+
+    events = []
+    pid = 0
+    for label, tls in timelines_by_label.items():
+        if not tls:
+            continue
+        nranks = len(tls[0].compute)
+        for r in range(nranks):
+            pid += 1
+            events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": f"{label} rank {r}"}})
+            events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "compute"}})
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "comm"}})
+            offset = 0.0
+            for tl in tls:
+                for tid, slices in ((0, tl.compute[r]), (1, tl.comm[r])):
+                    for name, s, e, args in slices:
+                        events.append({"name": name, "cat": "compute" if tid == 0 else "comm", "ph": "X", "pid": pid,
+                                       "tid": tid, "ts": (offset + s) * 1e6, "dur": (e - s) * 1e6,
+                                       "args": {**args, "iteration": tl.iteration}})
+                offset += tl.duration_s
+    tmp = f"{path}.partial"
+    with open(tmp, "w") as fh:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)
+    os.replace(tmp, path)
