@@ -124,6 +124,8 @@ def _print_summary(path):
 
     s = json.loads((path / "summary.json").read_text())
     r = s["resolved"]
+    if s.get("mode", "").startswith("workload"):
+        return _print_workload_summary(path, s)
     click.echo(f"wrote {path}/ (metrics.csv, summary.json, figure.png, figure.pdf)")
     be = s.get("backend") or {"name": "sim"}
     if be.get("name") == "torch":  # measured: the scenario's network model was not used
@@ -149,6 +151,29 @@ def _print_summary(path):
         click.echo(f"{name:<20}{1e3 * t['mean_iter_time_s']:>13.3f}{1e3 * t['mean_compute_s']:>9.3f}"
                    f"{1e3 * t['mean_compress_s']:>9.3f}{1e3 * t['mean_comm_s']:>9.3f}{t['sim_time_s']:>11.3f}"
                    f"{t['final_loss']:>12.5f}{t['final_grad_norm_sq']:>12.3e}{md:>10}")
+
+
+def _print_workload_summary(path, s):
+    r, w = s["resolved"], s["resolved"]["workload"]
+    files = "metrics.csv, summary.json, " + ("trace.json, " if (path / "trace.json").exists() else "") + "figure.png, figure.pdf"
+    click.echo(f"wrote {path}/ ({files})")
+    dev = w["device"]
+    click.echo(f"{w['name']}: d = {w['parameters']:,} parameters in {w['tensors']} tensors, {w['layers']} layers; "
+               f"forward {1e3 * w['forward_s']:.2f} ms + backward {1e3 * w['backward_s']:.2f} ms per iteration"
+               + (f" on {dev['name']} ({dev['peak_flops'] / 1e12:g} TFLOP/s x {dev['efficiency']:g})" if dev else " (measured)"))
+    pol = r["policy"]
+    net = r["network"]
+    click.echo(f"P = {r['P']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}), network {s['scenario']['cluster']['network']}: "
+               f"alpha = {net['alpha_s']:.3g} s, beta = {net['beta_s_per_byte']:.3g} s/byte; dense policy "
+               f"{pol['dense']}, sparse policy {pol['sparse']}")
+    click.echo(f"{'algorithm':<18}{'iter ms':>10}{'compute':>10}{'exposed':>10}{'comm':>10}{'select':>9}{'overlap':>9}"
+               f"{'speedup':>9}{'ops':>6}   (ms per iteration, means; comm = sum of collectives)")
+    for name, t in s["totals"].items():
+        sp = t.get("speedup_over_dense")
+        click.echo(f"{name:<18}{1e3 * t['mean_iter_time_s']:>10.2f}{1e3 * t['mean_compute_s']:>10.2f}"
+                   f"{1e3 * t['mean_exposed_comm_s']:>10.2f}{1e3 * t['mean_comm_s']:>10.2f}"
+                   f"{1e3 * t['mean_compress_s']:>9.2f}{t['mean_overlap_ratio']:>9.0%}"
+                   f"{'' if sp is None else f'{sp:.2f}x':>9}{t['communication_ops'] or '':>6}")
 
 
 @main.command()

@@ -120,14 +120,15 @@ class Built:
             self.lr = lambda t: tr.lr * tr.inverse_a / (tr.inverse_a + t)
 
 
-def build_network(cl) -> "NetworkSpec | ClusterSpec":
+def build_network(cl, timing_only: bool = False) -> "NetworkSpec | ClusterSpec":
     """The network of a scenario's [cluster] table: a flat :class:`NetworkSpec` (presets 1GbE, 10GbE, IB100,
     or custom) or a hierarchical :class:`ClusterSpec` (a cluster preset, or ``hierarchical`` from the keys).
     Raises ConfigError when gpus_per_node does not divide P, for quantum_s > 0 on a hierarchical cluster, and
-    for engine = fast (a run with numerics is simulated message by message)."""
-    if cl.engine == "fast":
+    for engine = fast unless ``timing_only`` (a run with numerics is simulated message by message; a workload
+    timeline is timing only)."""
+    if cl.engine == "fast" and not timing_only:
         raise ConfigError("cluster.engine = 'fast' simulates timing-only iterations (sparsim predict --simulate, "
-                          "sparsim experiment scaling); a run with numerics uses the message-level engine: valid "
+                          "sparsim experiment scaling, a [workload] run); a run with numerics uses the message-level engine: valid "
                           "engine = auto or message here")
     if cl.network == "custom":
         return NetworkSpec.from_alpha_beta(cl.alpha_s, 1.0 / cl.bandwidth_Bps, cl.topology, cl.quantum_s)
@@ -227,6 +228,13 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
     out = Path(out)
     if backend not in ("sim", "torch"):
         raise ConfigError(f"backend = {backend!r} is unknown: valid sim, torch")
+    if sc.workload.active:
+        if backend != "sim" or nproc is not None:
+            raise ConfigError("workload.model / workload.table simulate a real model's iteration timeline: valid "
+                              "--backend sim (without --nproc)")
+        from .workload_run import run_workload
+
+        return run_workload(sc, out, force=force, progress=progress, figure=figure)
     timeout_s, dist_backend = sc.torch.timeout_s, sc.torch.dist_backend
     backend_allreduce = sc.torch.backend_allreduce
     if backend == "sim" and (nproc is not None or backend_allreduce):

@@ -30,6 +30,11 @@ class _Strict(BaseModel):
             raise ValueError(f"expected a number, got the boolean {v}")
         return v
 
+    def _changed(self, keys) -> list[str]:
+        """Those of ``keys`` given a value other than their default (a dumped and reloaded scenario has every
+        key set, at its default where the user gave none)."""
+        return [k for k in keys if k in self.model_fields_set and getattr(self, k) != type(self).model_fields[k].default]
+
 
 class ClusterCfg(_Strict):
     """The simulated cluster."""
@@ -56,11 +61,6 @@ class ClusterCfg(_Strict):
     HIERARCHY_KEYS: ClassVar[tuple[str, ...]] = ("gpus_per_node", "nics_per_node", "intra", "intra_alpha_s",
                                                  "intra_bandwidth_Bps", "nodes_per_leaf", "oversubscription",
                                                  "spine_alpha_s")
-
-    def _changed(self, keys) -> list[str]:
-        """Those of ``keys`` given a value other than their default (a dumped and reloaded scenario has every
-        key set, at its default where the user gave none)."""
-        return [k for k in keys if k in self.model_fields_set and getattr(self, k) != type(self).model_fields[k].default]
 
     @model_validator(mode="after")
     def _keys_in_use(self):
@@ -143,6 +143,39 @@ class CompressionCfg(_Strict):
     gtopk_mask: Literal["exact", "reference"] = Field("exact", description="gTop-k residual mask rule")
 
 
+class WorkloadCfg(_Strict):
+    """[workload]: a real model's layer-wise iteration (timing only: the zoo models have no objective to train)."""
+
+    model: str = Field("", description="zoo model (resnet20-cifar, vgg16-cifar, vgg16, alexnet, resnet50, bert-base, gpt2-small, "
+                                       "lstm-ptb); empty = train the [data] objective instead")
+    table: str = Field("", description="layer table (CSV or TOML) of a model profiled elsewhere, instead of a zoo model")
+    device: str = Field("P102-100", description="device model turning FLOPs into seconds: P102-100, V100, A100, H100 (FLOP workloads only)")
+    efficiency: float | None = Field(None, gt=0, le=1, description="fraction of the device's peak FLOP/s a step achieves; unset: the preset's")
+    dense_policy: Literal["ddp", "horovod", "none"] = Field(
+        "ddp", description="dense: DDP buckets overlapped with backward, Horovod tensor fusion, or one allreduce after backward")
+    sparse_policy: Literal["model", "bucket", "layer"] = Field(
+        "model", description="sparse: whole-model selection after backward (released gTop-k code), per DDP bucket or per layer, overlapped")
+    bucket_cap_mb: float | None = Field(None, gt=0, le=1e6, description="DDP bucket_cap_mb (MiB); unset: DDP's default 25 with a 1 MiB first bucket")
+    first_bucket_mb: float | None = Field(None, gt=0, le=1e6, description="cap of DDP's first bucket (MiB); unset: as DDP (1 MiB with the default cap, else bucket_cap_mb)")
+    fusion_threshold_mb: float = Field(128.0, gt=0, le=1e6, description="horovod: HOROVOD_FUSION_THRESHOLD (MiB)")
+    cycle_time_s: float = Field(1e-3, gt=0, le=10, description="horovod: HOROVOD_CYCLE_TIME (s)")
+    trace_iterations: list[int] = Field([1], description="iterations written to trace.json (Chrome trace format; empty: none)")
+    trace_ranks: int = Field(4, ge=1, le=1024, description="ranks per algorithm written to trace.json")
+
+    @property
+    def active(self) -> bool:
+        """True when a zoo model or a layer table is named (the run is a layer-wise timeline)."""
+        return bool(self.model or self.table)
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if self.model and self.table:
+            raise ValueError(f"workload.model = {self.model!r} and workload.table = {self.table!r}: give one of them")
+        if any(t < 1 for t in self.trace_iterations):
+            raise ValueError(f"workload.trace_iterations = {self.trace_iterations}: valid iterations >= 1")
+        return self
+
+
 class TorchCfg(_Strict):
     """[torch]: the real backend (``--backend torch``); the simulator ignores this section."""
 
@@ -165,6 +198,25 @@ class Scenario(_Strict):
     training: TrainingCfg = TrainingCfg()
     compression: CompressionCfg = CompressionCfg()
     torch: TorchCfg = TorchCfg()
+    workload: WorkloadCfg = WorkloadCfg()
+
+    @model_validator(mode="after")
+    def _workload_keys_in_use(self):
+        w = self.workload
+        if w.active:
+            unused = [f"data.{k}" for k in self.data._changed(DataCfg.model_fields)]
+            unused += [f"training.{k}" for k in self.training._changed(("schedule", "lr", "theta", "inverse_a", "eval_every"))]
+            unused += [f"compute.{k}" for k in self.compute._changed(("forward_backward_s",))]
+            if unused:
+                raise ValueError(f"{', '.join(unused)}: the objective, step size and lumped compute time of a numerics run, unused "
+                                 f"when workload.{'model' if w.model else 'table'} is set (a timing-only timeline of a real model, "
+                                 "whose layers give the compute)")
+        else:
+            unused = w._changed([k for k in WorkloadCfg.model_fields if k not in ("model", "table")])
+            if unused:
+                raise ValueError(f"{', '.join('workload.' + k for k in unused)}: used only with workload.model or "
+                                 "workload.table (a real model's timeline); this scenario trains the [data] objective")
+        return self
 
     @field_validator("algorithms")
     @classmethod

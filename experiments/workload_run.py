@@ -1,0 +1,202 @@
+"""``sparsim run`` on a scenario naming a real model: layer-wise iteration timelines, timing only.
+
+A scenario whose ``[workload]`` names a zoo model (``workload.model``) or a layer table (``workload.table``)
+simulates each algorithm's iterations with :func:`sim.timeline.simulate_timeline`: forward and backward
+layer by layer on the device model, gradients bucketed (DDP buckets, Horovod fusion, per layer, or the whole
+model) and communicated on the simulated cluster, overlapped with backward. There is no objective to train (the
+zoo models have no data here), so the loss columns are empty. The run directory (built as ``DIR.partial``,
+renamed when complete) holds:
+
+- ``metrics.csv``: one row per (algorithm, iteration) with :data:`sim.runner.METRIC_COLUMNS`; the time
+  columns compute_s, compress_s, comm_s, exposed_comm_s, overlap_ratio are rank 0's, iter_time_s the slowest rank's;
+- ``summary.json``: the scenario, the resolved workload (parameters, layers, buckets, compute per iteration),
+  the network, and per-algorithm means with the speedup over dense;
+- ``trace.json``: the iterations ``workload.trace_iterations`` of the first ``workload.trace_ranks`` ranks of
+  every algorithm in the Chrome trace event format (open it in https://ui.perfetto.dev or chrome://tracing);
+- ``figure.png`` / ``figure.pdf``: per algorithm, the mean iteration split into compute and exposed communication.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sim.algorithms import AlgorithmSpec
+from sim.compute import ComputeModel
+from sim.errors import ConfigError
+from sim.timeline import TimelinePolicy, chrome_trace, simulate_timeline
+from sim.topology import ClusterSpec
+
+from .outdir import check_out, partial_dir, publish, save_figure, write_csv
+from .scenario import Scenario
+
+__all__ = ["resolve_workload", "run_workload"]
+
+
+def resolve_workload(sc: Scenario):
+    """The scenario's workload and device: (Workload, DeviceModel or None). Raises ConfigError for an unknown
+    zoo model or device, or a bad layer table."""
+    from sim.workloads.devices import get_device
+    from sim.workloads.tables import load_layer_table
+    from sim.workloads.zoo import get_model
+
+    w = sc.workload
+    wl = get_model(w.model) if w.model else load_layer_table(w.table)
+    if wl.measured:
+        return wl, None
+    dev = get_device(w.device)
+    if w.efficiency is not None:
+        dev = dataclasses.replace(dev, efficiency=w.efficiency)
+    return wl, dev
+
+
+def _specs(sc: Scenario, d: int, G: int) -> list[AlgorithmSpec]:
+    c = sc.compression
+    k = sc.k_for(d)
+    if k > d:
+        raise ConfigError(f"compression.k = {k} is out of range: valid 1 <= k <= d = {d} (the model's parameters)")
+    out = []
+    for name in sc.algorithms:
+        if name == "dense":
+            out.append(AlgorithmSpec("dense", collective=c.dense_collective, value_bytes=c.value_bytes, gpus_per_node=G))
+        elif name in ("topk", "randk"):
+            out.append(AlgorithmSpec(name, k=k, collective=c.topk_collective, value_bytes=c.value_bytes,
+                                     index_bytes=c.index_bytes, seed=sc.seed, gpus_per_node=G))
+        else:
+            mask = "reference" if name == "gtopk_reference" else c.gtopk_mask
+            out.append(AlgorithmSpec("gtopk", k=k, collective=c.gtopk_collective, mask=mask, value_bytes=c.value_bytes,
+                                     index_bytes=c.index_bytes, gpus_per_node=G))
+    return out
+
+
+def _policy(sc: Scenario) -> TimelinePolicy:
+    w = sc.workload
+    return TimelinePolicy(dense=w.dense_policy, sparse=w.sparse_policy, bucket_cap_mb=w.bucket_cap_mb,
+                          first_bucket_mb=w.first_bucket_mb, fusion_threshold_mb=w.fusion_threshold_mb,
+                          cycle_time_s=w.cycle_time_s)
+
+
+def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = True, figure: bool = True) -> Path:
+    """Simulate every algorithm of ``sc`` on its workload and write the run directory ``out`` (module docstring).
+
+    Returns the directory's path. Raises ConfigError for bad settings (an existing non-empty ``out`` unless
+    ``force``, an unknown model or device, a bad layer table, trace iterations beyond training.iterations), and
+    any SparsimError of the simulation; the partial directory is then removed.
+    """
+    from .run import _progress, _versions, build_network, network_summary
+
+    out = Path(out)
+    w, T = sc.workload, sc.training.iterations
+    late = [t for t in w.trace_iterations if t > T]
+    if late:
+        raise ConfigError(f"workload.trace_iterations = {w.trace_iterations}: valid 1 <= iteration <= "
+                          f"training.iterations = {T}")
+    check_out(out, force)
+    wl, dev = resolve_workload(sc)
+    net = build_network(sc.cluster, timing_only=True)
+    G = net.gpus_per_node if isinstance(net, ClusterSpec) else 1
+    specs = _specs(sc, wl.d, G)
+    policy = _policy(sc)
+    c = sc.compute
+    cm = ComputeModel(seed=sc.seed, **c.model_dump())
+    P, b = sc.cluster.P, sc.training.batch_size
+    fwd, bwd = wl.layer_times(b, dev)
+    tmp = partial_dir(out)
+    try:
+        t_wall = time.perf_counter()
+        rows, totals, traces, resolved_algs = [], {}, {}, []
+        for spec in specs:
+            bar = _progress(spec.label, T, progress)
+            try:
+                res = simulate_timeline(spec, wl, P, network=net, policy=policy, device=dev, batch_size=b, compute=cm,
+                                        iterations=T, trace_iterations=w.trace_iterations, engine=sc.cluster.engine,
+                                        trace_ranks=w.trace_ranks, on_iteration=lambda t: bar.on_row({"iteration": t}))
+            finally:
+                bar.close()
+            clock = np.cumsum(res.iter_s)
+            for t in range(T):
+                rows.append({"algorithm": spec.label, "iteration": t + 1, "lr": math.nan, "sim_time_s": float(clock[t]),
+                             "iter_time_s": float(res.iter_s[t]), "compute_s": float(res.compute_s[t]),
+                             "compress_s": float(res.compress_s[t]), "comm_s": float(res.comm_s[t]),
+                             "loss": math.nan, "grad_norm_sq": math.nan, "stoch_grad_norm_sq": math.nan,
+                             "residual_norm_sq": math.nan, "delta": None, "bytes_sent": res.bytes_per_rank,
+                             "applied_fraction": math.nan, "mass_error": math.nan, "aux_gap": math.nan,
+                             "exposed_comm_s": float(res.exposed_comm_s[t]), "overlap_ratio": float(res.overlap_ratio[t])})
+            totals[spec.label] = {
+                "iterations": T, "sim_time_s": float(clock[-1]), "mean_iter_time_s": float(res.iter_s.mean()),
+                "mean_compute_s": float(res.compute_s.mean()), "mean_compress_s": float(res.compress_s.mean()),
+                "mean_comm_s": float(res.comm_s.mean()), "mean_exposed_comm_s": float(res.exposed_comm_s.mean()),
+                "mean_overlap_ratio": float(res.overlap_ratio.mean()), "bytes_sent_per_iteration": res.bytes_per_rank,
+                "communication_ops": len(res.buckets) if res.buckets else None,
+                "bucket_elements": [bk.numel for bk in res.buckets], "bucket_k": res.ks,
+            }
+            traces[spec.label] = res.timelines
+            resolved_algs.append(dataclasses.asdict(spec))
+        if "dense" in totals:
+            for lab, tt in totals.items():
+                tt["speedup_over_dense"] = totals["dense"]["mean_iter_time_s"] / tt["mean_iter_time_s"]
+        from sim.runner import METRIC_COLUMNS
+
+        write_csv(tmp / "metrics.csv", METRIC_COLUMNS, rows)
+        if any(traces.values()):
+            chrome_trace(traces, tmp / "trace.json")
+        k = sc.k_for(wl.d)
+        summary = {
+            "scenario": sc.model_dump(),
+            "seed": sc.seed,
+            "mode": "workload timeline (timing only)",
+            "resolved": {
+                "d": wl.d, "k": k, "compression_ratio_c": wl.d / k, "density": k / wl.d, "P": P,
+                "global_batch_B": P * b, "network": {**network_summary(net), "engine": sc.cluster.engine},
+                "workload": {"name": wl.name, "parameters": wl.d, "tensors": len(wl.tensors), "layers": len(wl.layers),
+                             "input": wl.input, "source": wl.source, "measured": wl.measured,
+                             "forward_s": float(fwd.sum()), "backward_s": float(bwd.sum()),
+                             "device": None if dev is None else dataclasses.asdict(dev)},
+                "policy": dataclasses.asdict(policy),
+            },
+            "algorithms": resolved_algs,
+            "totals": totals,
+            "versions": _versions(),
+            "wall_time_s": time.perf_counter() - t_wall,
+        }
+        with open(tmp / "summary.json", "w") as fh:
+            json.dump(summary, fh, indent=2)
+        if figure:
+            _figure(totals, tmp, f"{wl.name} on {sc.cluster.network}, P = {P}, batch {b}/rank")
+        publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _figure(totals: dict, outdir: Path, title: str) -> None:
+    """Stacked bars: per algorithm, mean compute and exposed communication per iteration (ms), with the overlap
+    ratio (share of communication hidden behind backward) above each bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(totals)
+    comp = [1e3 * totals[a]["mean_compute_s"] for a in labels]
+    exp_ = [1e3 * totals[a]["mean_exposed_comm_s"] for a in labels]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(labels), 4))
+    x = np.arange(len(labels))
+    ax.bar(x, comp, label="compute (forward + backward + update)", color="#4c72b0")
+    ax.bar(x, exp_, bottom=comp, label="exposed communication", color="#dd8452")
+    for i, a in enumerate(labels):
+        ax.annotate(f"overlap {totals[a]['mean_overlap_ratio']:.0%}", (x[i], comp[i] + exp_[i]), ha="center",
+                    va="bottom", fontsize=7)
+    ax.set_xticks(x, labels)
+    ax.set_ylabel("ms per iteration")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, outdir, "figure")
+    plt.close(fig)

@@ -1,0 +1,118 @@
+"""``sparsim run`` on a scenario naming a real model: metrics with the compute / exposed-communication split,
+a Chrome trace whose slices sum to the metrics, the summary, and bad input -> one line, exit code 2."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from experiments.cli import main
+from sim.algorithms import AlgorithmSpec
+from sim.compute import ComputeModel
+from sim.network import get_preset
+from sim.timing import simulate_timing
+from sim.workloads.devices import get_device
+from sim.workloads.zoo import get_model
+
+RESNET20 = ["--set", 'workload.model="resnet20-cifar"', "--set", "training.iterations=3", "--set", "cluster.P=4",
+            "--quiet"]
+
+
+def _run(args):
+    return CliRunner().invoke(main, args)
+
+
+def test_zoo_run_writes_metrics_trace_and_summary(tmp_path):
+    out = tmp_path / "r"
+    r = _run(["run", "--out", str(out), *RESNET20, "--set", "workload.trace_iterations=[1, 3]",
+              "--set", "workload.trace_ranks=2"])
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(open(out / "metrics.csv")))
+    assert {x["algorithm"] for x in rows} == {"dense", "topk", "gtopk"} and len(rows) == 9
+    for x in rows:
+        it, comp, exp_ = float(x["iter_time_s"]), float(x["compute_s"]), float(x["exposed_comm_s"])
+        assert it == pytest.approx(comp + exp_, rel=1e-12)
+        assert 0.0 <= float(x["overlap_ratio"]) <= 1.0 and x["loss"] == ""
+    s = json.loads((out / "summary.json").read_text())
+    assert s["resolved"]["workload"]["parameters"] == get_model("resnet20-cifar").d
+    assert s["totals"]["dense"]["speedup_over_dense"] == 1.0
+    trace = json.loads((out / "trace.json").read_text())
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    procs = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(procs.values()) == sorted(f"{a} rank {r_}" for a in ("dense", "topk", "gtopk") for r_ in (0, 1))
+    for alg in ("dense", "topk", "gtopk"):
+        pid = [p for p, n in procs.items() if n == f"{alg} rank 0"][0]
+        for it in (1, 3):
+            row = [x for x in rows if x["algorithm"] == alg and int(x["iteration"]) == it][0]
+            comp = sum(e["dur"] for e in slices if e["pid"] == pid and e["tid"] == 0 and e["args"]["iteration"] == it)
+            coll = sum(e["dur"] for e in slices if e["pid"] == pid and e["tid"] == 1 and e["args"]["iteration"] == it
+                       and not e["name"].startswith("select"))
+            assert comp / 1e6 == pytest.approx(float(row["compute_s"]), rel=1e-9)
+            assert coll / 1e6 == pytest.approx(float(row["comm_s"]), rel=1e-9)
+    assert (out / "figure.png").stat().st_size > 0 and not (tmp_path / "r.partial").exists()
+
+
+def test_no_overlap_run_equals_timing_only_model(tmp_path):
+    """dense_policy = none and sparse_policy = model are today's non-overlapped model: compute, then select,
+    then the collective, then update -- simulate_timing with forward_backward_s = the zoo's compute."""
+    out = tmp_path / "r"
+    r = _run(["run", "--out", str(out), *RESNET20, "--set", 'workload.dense_policy="none"',
+              "--set", "compression.density=0.01"])
+    assert r.exit_code == 0, r.output
+    wl, dev = get_model("resnet20-cifar"), get_device("P102-100")
+    f, b = wl.layer_times(16, dev)
+    rows = list(csv.DictReader(open(out / "metrics.csv")))
+    k = round(0.01 * wl.d)
+    for spec in (AlgorithmSpec("dense"), AlgorithmSpec("gtopk", k=k), AlgorithmSpec("topk", k=k)):
+        ref = simulate_timing(spec, 4, wl.d, network=get_preset("1GbE"),
+                              compute=ComputeModel(forward_backward_s=float(f.sum() + b.sum())))
+        row = [x for x in rows if x["algorithm"] == spec.name][0]
+        assert float(row["iter_time_s"]) == pytest.approx(ref.iter_s[0], rel=1e-12)
+
+
+def test_layer_table_run(tmp_path):
+    table = tmp_path / "m.csv"
+    table.write_text("layer,tensor,numel,forward_flops,backward_flops\n"
+                     "fc1,fc1.weight,100000,2e8,4e8\nfc1,fc1.bias,100,0,0\nact,,0,1e6,1e6\n"
+                     "fc2,fc2.weight,50000,1e8,2e8\n")
+    out = tmp_path / "r"
+    r = _run(["run", "--out", str(out), "--set", f'workload.table="{table}"', "--set", "training.iterations=2",
+              "--quiet", "--set", 'workload.sparse_policy="layer"', "--set", "compression.density=0.01"])
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["resolved"]["workload"]["parameters"] == 150_100
+    assert s["totals"]["gtopk"]["bucket_k"] == [500, 1001]  # per layer: round(0.01 x 50000), round(0.01 x 100100)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--set", 'workload.model="resnet51"'], "resnet51"),
+    (["--set", 'workload.model="resnet50"', "--set", "workload.bucket_cap_mb=0"], "bucket_cap_mb = 0"),
+    (["--set", 'workload.model="resnet50"', "--set", 'workload.device="K80"'], "K80"),
+    (["--set", 'workload.model="resnet50"', "--set", "workload.trace_iterations=[5]"], "trace_iterations"),
+    (["--set", 'workload.model="resnet50"', "--set", "data.lam=0.1"], "data.lam"),
+    (["--set", 'workload.dense_policy="horovod"'], "used only with workload.model"),
+    (["--set", 'workload.model="resnet50"', "--backend", "torch"], "valid --backend sim"),
+])
+def test_bad_workload_input(tmp_path, args, msg):
+    out = tmp_path / "r"
+    r = _run(["run", "--out", str(out), "--quiet", "--set", "training.iterations=2", *args])
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    assert "\n" not in line and msg in line and "Traceback" not in line
+    assert not out.exists() and not (tmp_path / "r.partial").exists()
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("layer,tensor,numel,forward_flops,backward_flops\nfc,fc.w,-5,1,1\n", "-5"),
+    ("layer,tensor,forward_flops,backward_flops\nfc,fc.w,1,1\n", "numel"),
+])
+def test_bad_layer_table(tmp_path, text, msg):
+    table = tmp_path / "bad.csv"
+    table.write_text(text)
+    out = tmp_path / "r"
+    r = _run(["run", "--out", str(out), "--quiet", "--set", f'workload.table="{table}"', "--set", "training.iterations=2"])
+    assert r.exit_code == 2, r.output
+    assert "\n" not in r.output.strip() and msg in r.output and str(table) in r.output
+    assert not out.exists()
