@@ -29,6 +29,11 @@ Policies (:class:`TimelinePolicy`):
   gTop-k code's policy and the model of :func:`sim.timing.simulate_timing`, which this equals exactly;
 - sparse ``bucket`` / ``layer``: selection per DDP bucket / per layer (the tensors of one layer), overlapped
   with backward, ``k_b = max(1, round(density x d_b))`` for a bucket of d_b elements.
+- ``blocking=True`` (any policy but ``horovod``): each communication operation (selection + collective) runs
+  synchronously on the compute stream, as a DDP comm hook that does its collective inside the hook (the
+  project's :func:`sim.ddp_hooks.sparse_hook`, on the autograd thread): a rank's backward stops when the
+  bucket is ready and resumes when the collective ends, so later buckets are ready later by the stalls (which
+  count as exposed communication).
 
 Metrics of an iteration (rank 0): compute (forward + backward + update), compress (selection), comm (the sum
 of the collectives' durations), exposed communication = iteration time - compute (everything rank 0 waits
@@ -76,6 +81,9 @@ class TimelinePolicy:
     its default, else bucket_cap_mb itself (torch 2.13 ``_BucketCapacityConfig``).
     fusion_threshold_mb (MiB, > 0) and cycle_time_s (s, > 0): Horovod's ``HOROVOD_FUSION_THRESHOLD`` and
     ``HOROVOD_CYCLE_TIME`` (defaults 128 MiB and 1 ms, Horovod >= 0.21).
+    blocking: False (default: communication overlaps backward on its own stream) or True: each operation's
+    selection and collective stall the rank's compute stream from the moment its bucket is ready until the
+    collective ends (a synchronous comm hook); not valid with dense ``horovod`` (simulate_timeline raises).
     Raises ConfigError for an unknown policy or a value out of range.
     """
 
@@ -85,8 +93,11 @@ class TimelinePolicy:
     first_bucket_mb: float | None = None
     fusion_threshold_mb: float = 128.0
     cycle_time_s: float = 1e-3
+    blocking: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.blocking, bool):
+            raise ConfigError(f"blocking = {self.blocking!r} is not a bool: valid True, False")
         if self.dense not in DENSE_POLICIES:
             raise ConfigError(f"dense policy = {self.dense!r} is unknown: valid {', '.join(DENSE_POLICIES)}")
         if self.sparse not in SPARSE_POLICIES:
@@ -268,7 +279,8 @@ class TimelineResult:
 
     compute_s: forward + backward + update; compress_s: selection time; comm_s: sum of the collectives'
     durations; exposed_comm_s: iter_s - compute_s; overlap_ratio: 1 - exposed / (comm + compress) in [0, 1]
-    (0 when nothing is communicated). buckets: the communication operations (:class:`Bucket`) in order, with
+    (0 when nothing is communicated). buckets: the communication operations (:class:`Bucket`) in order (Horovod: the fused buffers of the last
+    iteration, which depend on the ready times), with
     ks: their k (None for dense). timelines: the :class:`IterationTimeline` of each traced iteration.
     """
 
@@ -340,6 +352,9 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
     tensor_ready = np.array([bwd_end[li[t.layer]] for t in workload.tensors])  # after forward, at factor 1
     timer = CollectiveTimer(P, network, compute, engine)
     buckets, mode = _comm_ops(spec, workload, policy)
+    if policy.blocking and mode == "horovod":
+        raise ConfigError("blocking = True does not apply to dense policy 'horovod' (its background loop never "
+                          "stalls backward): valid dense ddp or none, or blocking = False")
     ks = [None if spec.name == "dense" else bucket_k(spec, d, b.numel) for b in buckets]
     bspecs = [spec if (k is None or k == spec.k) else dataclasses.replace(spec, k=k) for k in ks]
     update_s = compute.seconds("update", d, 0, 0)
@@ -354,23 +369,27 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
     for t in range(1, iterations + 1):
         factor = np.array([compute.forward_backward_factor(r, t) for r in range(P)]) \
             if (compute.jitter != "none" or compute.straggler_prob > 0) else np.ones(P)
-        comp_end = factor * (F + B)  # (P,) backward end per rank
+        comp_end = factor * (F + B)  # (P,) backward end per rank, without stalls
         ops = []  # (name, bucket tensors, k, ready (P,), sel_s, coll_start, coll_end, bytes)
         free = 0.0
+        shift = np.zeros(P)  # blocking: how much later than at factor x (F + position) each rank's compute is
+        stalls = []  # blocking: (unstalled position (P,), shift from there on (P,)) per operation, for the trace
         if mode == "horovod":
             ready_all = factor.max() * (F + tensor_ready[order])  # ready on every rank: the slowest rank's time
             sched = horovod_fusion(ready_all, numel_o, int(policy.fusion_threshold_mb * MIB), policy.cycle_time_s,
                                    lambda n: timer(spec, n), spec.value_bytes)
-            for grp, s, e in sched:
-                n = int(numel_o[grp].sum())
-                ops.append((f"allreduce {len(grp)} tensors", None, None, np.full(P, s), 0.0, s, e,
-                            n * spec.value_bytes))
+            buckets = [Bucket(tuple(order[p] for p in grp), int(numel_o[grp].sum())) for grp, _, _ in sched]
+            ks = [None] * len(buckets)  # the fused buffers of this iteration (they depend on the ready times)
+            for bi, ((grp, s, e), b) in enumerate(zip(sched, buckets)):
+                ops.append((f"fused buffer {bi} ({len(grp)} tensors)", b, None, np.full(P, s), 0.0, s, e,
+                            b.numel * spec.value_bytes))
             free = sched[-1][2] if sched else 0.0
             sel_total = 0.0
         else:
             sel_total = 0.0
             for bi, (b, k, bs) in enumerate(zip(buckets, ks, bspecs)):
-                rdy = factor * (F + float(tensor_ready[list(b.tensors)].max()))  # (P,)
+                base = factor * (F + float(tensor_ready[list(b.tensors)].max()))  # (P,) ready without stalls
+                rdy = base + shift
                 sel = compute.seconds("select", b.numel, 0, t) if spec.name != "dense" else 0.0
                 sel_end = np.maximum(rdy, free) + sel
                 cs = float(sel_end.max())
@@ -378,7 +397,10 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
                 ops.append((f"bucket {bi}", b, k, rdy, sel, cs, ce, _bytes_of(spec, b.numel, k)))
                 free = ce
                 sel_total += sel
-        ends = np.maximum(comp_end, free) + update_s
+                if policy.blocking:  # the compute stream, stopped at base + shift, resumes at ce
+                    shift = ce - base
+                    stalls.append((base, shift.copy()))
+        ends = np.maximum(comp_end + shift, free) + update_s
         it_s = float(ends.max())
         comp0 = float(comp_end[0]) + update_s
         comm = float(sum(o[6] - o[5] for o in ops))
@@ -400,11 +422,16 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
                     e = s + fr * fwd[l]
                     c.append((f"forward {layer.name}", s, e, {"layer": layer.name}))
                     s = e
+                sh, j = 0.0, 0
                 for l in range(L - 1, -1, -1):
+                    while j < len(stalls) and stalls[j][0][r] <= s * (1 + 1e-12):  # stalled before this layer
+                        sh = float(stalls[j][1][r])
+                        j += 1
                     e = s + fr * bwd[l]
-                    c.append((f"backward {workload.layers[l].name}", s, e, {"layer": workload.layers[l].name}))
+                    c.append((f"backward {workload.layers[l].name}", s + sh, e + sh,
+                              {"layer": workload.layers[l].name}))
                     s = e
-                u0 = max(float(comp_end[r]), free)
+                u0 = max(float(comp_end[r] + shift[r]), free)
                 c.append(("update", u0, u0 + update_s, {"parameters": d}))
                 m, prev = [], 0.0
                 for name, b, k, rdy, sel, cs, ce, nb in ops:

@@ -283,3 +283,39 @@ def test_bucket_caps_follow_ddp_defaults():
     assert TimelinePolicy().bucket_limits_bytes() == (1 << 20, 25 << 20)
     assert TimelinePolicy(bucket_cap_mb=5).bucket_limits_bytes() == (5 << 20, 5 << 20)  # explicit cap: no small first
     assert TimelinePolicy(bucket_cap_mb=5, first_bucket_mb=1).bucket_limits_bytes() == (1 << 20, 5 << 20)
+
+
+def test_blocking_hook_stalls_backward_closed_form():
+    """blocking = True (a synchronous comm hook): every bucket's selection and collective stall backward, so the
+    iteration is F + B + sum over buckets of (selection + collective); overlapped, only the last one is exposed."""
+    w = toy(L=4, fwd=0.01, bwd=10.0, bias=False)  # 4 tensors of 1.2 MB: one bucket per layer at a 1 MiB cap
+    F, B = 4 * 0.01, 4 * 10.0
+    dense = AlgorithmSpec("dense")
+    r = simulate_timeline(dense, w, 4, network=NET, policy=TimelinePolicy(bucket_cap_mb=1.0, blocking=True),
+                          trace_iterations=(1,))
+    colls = [_allreduce_s(b.numel) for b in r.buckets]
+    assert len(r.buckets) == 4
+    assert r.iter_s[0] == pytest.approx(F + B + sum(colls), rel=1e-12)
+    assert r.compute_s[0] == pytest.approx(F + B, rel=1e-12)
+    assert r.exposed_comm_s[0] == pytest.approx(sum(colls), rel=1e-9)
+    over = simulate_timeline(dense, w, 4, network=NET, policy=TimelinePolicy(bucket_cap_mb=1.0))
+    assert over.iter_s[0] == pytest.approx(F + B + colls[-1], rel=1e-12)
+    # the trace: layer l's backward (reverse order) starts after the stalls of the buckets before it
+    bw = [s for s in r.timelines[0].compute[0] if s[0].startswith("backward")]
+    for i, (_, s, e, _) in enumerate(bw):
+        assert s == pytest.approx(F + i * 10.0 + sum(colls[:i]), rel=1e-12)
+        assert e - s == pytest.approx(10.0, rel=1e-12)
+    # sparse per-bucket selection: each stall is the bucket's selection plus its collective
+    k = 12_000
+    sp = AlgorithmSpec("gtopk", k=k)
+    comp = ComputeModel(select_coeff_s=1e-8)
+    rs = simulate_timeline(sp, w, 4, network=NET, compute=comp,
+                           policy=TimelinePolicy(sparse="bucket", bucket_cap_mb=1.0, blocking=True))
+    timer = CollectiveTimer(4, NET, comp)
+    stalls = [comp.seconds("select", b.numel, 0, 1) + timer(AlgorithmSpec("gtopk", k=kb), b.numel)
+              for b, kb in zip(rs.buckets, rs.ks)]
+    assert rs.iter_s[0] == pytest.approx(F + B + sum(stalls), rel=1e-12)
+    with pytest.raises(ConfigError, match="blocking = True does not apply to dense policy 'horovod'"):
+        simulate_timeline(dense, w, 4, network=NET, policy=TimelinePolicy(dense="horovod", blocking=True))
+    with pytest.raises(ConfigError, match="blocking = 1 is not a bool"):
+        TimelinePolicy(blocking=1)
