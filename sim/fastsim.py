@@ -593,7 +593,9 @@ def _gtopk_rd(eng, pos, n, to_rank, k, s_el, b, it, active=None):
 def fast_collective(eng: FastCluster, spec: AlgorithmSpec, d: int, it: int, G: int = 1) -> None:
     """Run ``spec``'s collective on every rank of ``eng`` in timing-only terms (the sizes of
     :func:`sim.timing.timing_program`: dense messages of d values, sparse selections of exactly k entries,
-    every merge keeping k). G: ranks per node for the hierarchical collectives."""
+    every merge keeping k). G: ranks per node for the hierarchical collectives. Raises ConfigError if
+    ``spec.segments`` is set (layer-wise timing is done by the iteration timeline, sim/timeline.py)."""
+    spec.require_whole_model("the fast engine (sim.fastsim)")
     P = eng.P
     R = np.arange(P, dtype=np.int64)
     ident = _mapper(1, 0)
@@ -673,8 +675,11 @@ def simulate_timing_fast(spec: AlgorithmSpec, P: int, d: int, *, network, comput
 
     Every iteration starts with all ranks together (synchronous S-SGD). Memory O(P) (a step replayed event by
     event: O(its messages)). Raises SparsimError / ConfigError for bad P, d, k or iterations, or a network the
-    fast engine does not model (:func:`fast_engine_refusal`)."""
+    fast engine does not model (:func:`fast_engine_refusal`), and ConfigError if ``spec.segments`` is set
+    (layer-wise timing is done by the iteration timeline, sim/timeline.py)."""
     from .timing import TimingResult
+
+    spec.require_whole_model("the fast engine (sim.fastsim)")
 
     check_range("P", P, 1)
     check_range("d", d, 1)

@@ -58,7 +58,10 @@ class StepStats:
 
     Norms are float; delta is None for dense (Assumption 1 ratio, THEORY.md section 4).
     mean_grad: G_t = (1/P) sum_p G_p and mean_residual: eps_t = (1/P) sum_p eps_p, float arrays (d,).
-    mass_error: max_i |sum_p acc_p - g - sum_p eps_p|_i (0 up to rounding for exact algorithms).
+    segment_mass_errors: float array (B,), entry b = max_{i in segment b} |sum_p acc_p - g - sum_p eps_p|_i
+    over the segments of ``spec.segment_bounds(d)`` (B = 1, the whole vector, without segments).
+    mass_error: their max, i.e. max_i |sum_p acc_p - g - sum_p eps_p|_i (the segments partition [0, d)), 0 up
+    to rounding for exact algorithms on every segment.
     """
 
     stoch_grad_norm_sq: float
@@ -68,13 +71,19 @@ class StepStats:
     mass_error: float
     mean_grad: np.ndarray
     mean_residual: np.ndarray
+    segment_mass_errors: np.ndarray | None = None
 
 
 def step_stats(spec: AlgorithmSpec, outs: list[StepOutput]) -> StepStats:
     """Compute :class:`StepStats` from the P workers' :class:`~sim.algorithms.StepOutput`.
 
-    delta = ||sum_p acc_p - g||^2 / ((1 - k/d) ||sum_p acc_p||^2): <= 1 iff Assumption 1 holds this step
-    (nan when sum_p acc_p = 0; None for dense or k = d).
+    delta = ||sum_p acc_p - g||^2 / ((1 - K/d) ||sum_p acc_p||^2): <= 1 iff Assumption 1 holds this step
+    (nan when sum_p acc_p = 0; None for dense or K = d). K is what each worker actually selected:
+    ``spec.total_k(d)``, i.e. k for whole-model selection and sum_b k_b with layer-wise segments (the
+    contraction of layer-wise selection over the whole vector at the same total budget; per segment the
+    guarantee is 1 - k_b/d_b, so delta can exceed 1 when the segments' densities k_b/d_b differ by rounding).
+    mass_error: max over the segments of their max |sum_p acc_p - g - sum_p eps_p| (= the max over all
+    coordinates). Raises SparsimError if ``spec.segments`` does not sum to d.
     """
     P = len(outs)
     d = outs[0].v.shape[0]
@@ -83,20 +92,28 @@ def step_stats(spec: AlgorithmSpec, outs: list[StepOutput]) -> StepStats:
     g = outs[0].update
     G = _sum_rows(o.grad for o in outs) / P
     delta = None
-    if spec.name != "dense" and spec.k < d:
-        num = float(np.dot(sum_acc - g, sum_acc - g))
-        den = (1.0 - spec.k / d) * float(np.dot(sum_acc, sum_acc))
-        delta = num / den if den > 0 else math.nan
+    if spec.name != "dense":
+        K = spec.total_k(d)
+        if K < d:
+            num = float(np.dot(sum_acc - g, sum_acc - g))
+            den = (1.0 - K / d) * float(np.dot(sum_acc, sum_acc))
+            delta = num / den if den > 0 else math.nan
     eps = sum_res / P
     n_sel = sum(o.n_selected for o in outs)
+    if d:
+        # one max per segment (np.maximum.reduceat over the segment starts; NaN propagates), then their max
+        seg_err = np.maximum.reduceat(np.abs(sum_acc - g - sum_res), spec.segment_bounds(d)[:-1])
+    else:
+        seg_err = np.zeros(1)
     return StepStats(
         stoch_grad_norm_sq=float(G @ G),
         residual_norm_sq=float(eps @ eps),
         delta=delta,
         applied_fraction=(sum(o.n_applied for o in outs) / n_sel) if n_sel else 1.0,
-        mass_error=float(np.max(np.abs(sum_acc - g - sum_res))) if d else 0.0,
+        mass_error=float(np.max(seg_err)),
         mean_grad=G,
         mean_residual=eps,
+        segment_mass_errors=seg_err,
     )
 
 

@@ -78,7 +78,10 @@ def timing_program(spec: AlgorithmSpec, rank: int, P: int, d: int, batch_size: i
     ``reduce`` op of ``topk_allgather_sum`` without its dense sum), then ``update`` of d parameters.
     payload: :func:`phantom_dense` (d) for dense, this rank's :func:`random_selection` otherwise.
     Returns the collective's result (its numbers are meaningless; only the time counts).
+    Raises ConfigError (on its first step) if ``spec.segments`` is set: layer-wise timing is done by the
+    iteration timeline (sim/timeline.py), not here.
     """
+    spec.require_whole_model("the timing-only mode (sim.timing)")
     yield Compute("forward_backward", batch_size)
     vb, ib = spec.value_bytes, spec.index_bytes
     if spec.name == "dense":
@@ -172,8 +175,10 @@ def simulate_timing(spec: AlgorithmSpec, P: int, d: int, *, network, compute: Co
     Each iteration starts with all ranks together (synchronous S-SGD). Memory: O(P k) for sparse
     algorithms, O(1) per rank for dense, whatever d (fast engine: O(P)). Message-level cost: dense ring
     makes 2P(P-1) messages per iteration (about 2 s of wall time at P = 128). Raises SparsimError for
-    P < 1, d < 1, k out of [1, d], iterations < 1, or an unknown engine.
+    P < 1, d < 1, k out of [1, d], iterations < 1, or an unknown engine, and ConfigError if ``spec.segments``
+    is set (layer-wise timing is done by the iteration timeline, sim/timeline.py).
     """
+    spec.require_whole_model("the timing-only mode (sim.timing)")
     check_range("P", P, 1)
     check_range("d", d, 1)
     check_range("iterations", iterations, 1)
@@ -210,7 +215,9 @@ def closed_form_comm_s(spec: AlgorithmSpec, P: int, d: int, alpha: float, beta: 
     For the ``"hierarchical"`` collectives pass ``cluster`` (a :class:`~sim.topology.ClusterSpec`): its intra-
     and inter-node alpha and beta are used (alpha and beta are then ignored), and for the dense allreduce the
     GPUs sharing a NIC (:func:`sim.costs.hier_allreduce_time`'s nic_share: an upper bound when > 1); without
-    one, the hierarchy is ``spec.gpus_per_node`` ranks per node with alpha and beta everywhere."""
+    one, the hierarchy is ``spec.gpus_per_node`` ranks per node with alpha and beta everywhere. Raises ConfigError
+    if ``spec.segments`` is set (whole-model closed forms only)."""
+    spec.require_whole_model("the closed forms (sim.timing.closed_form_comm_s)")
     from . import costs
 
     vb, ib, exact = spec.value_bytes, spec.index_bytes, spec.mask == "exact"
