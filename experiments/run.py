@@ -101,6 +101,14 @@ class Built:
                 mask = "reference" if name == "gtopk_reference" else c.gtopk_mask
                 self.specs.append(AlgorithmSpec("gtopk", k=self.k, collective=c.gtopk_collective, mask=mask,
                                                 value_bytes=c.value_bytes, index_bytes=c.index_bytes, gpus_per_node=G))
+        if c.layer_sizes:
+            sizes = tuple(c.layer_sizes)
+            if min(sizes) < 1 or sum(sizes) != self.d:
+                raise ConfigError(f"compression.layer_sizes = {list(sizes)} (sum {sum(sizes)}) is out of range: valid sizes "
+                                  f">= 1 summing to d = {self.d}")
+            import dataclasses as _dc
+
+            self.specs = [s if s.name == "dense" else _dc.replace(s, segments=sizes) for s in self.specs]
         if not isinstance(self.network, ClusterSpec):
             hier = [f"compression.{k}" for k in ("dense_collective", "topk_collective", "gtopk_collective")
                     if getattr(c, k) == "hierarchical"]

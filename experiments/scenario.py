@@ -141,6 +141,9 @@ class CompressionCfg(_Strict):
     gtopk_collective: Literal["tree", "recursive_doubling", "hierarchical"] = Field(
         "tree", description="gTop-k collective (hierarchical: node tree, inter-node recursive doubling, node broadcast)")
     gtopk_mask: Literal["exact", "reference"] = Field("exact", description="gTop-k residual mask rule")
+    layer_sizes: list[int] = Field([], description="layer-wise selection in a numerics run: the model vector as consecutive "
+                                                   "layers of these sizes (>= 1, summing to d), k_b = round(k/d x d_b) per layer, "
+                                                   "one collective each; empty = whole-model selection")
 
 
 class WorkloadCfg(_Strict):
@@ -207,10 +210,11 @@ class Scenario(_Strict):
             unused = [f"data.{k}" for k in self.data._changed(DataCfg.model_fields)]
             unused += [f"training.{k}" for k in self.training._changed(("schedule", "lr", "theta", "inverse_a", "eval_every"))]
             unused += [f"compute.{k}" for k in self.compute._changed(("forward_backward_s",))]
+            unused += [f"compression.{k}" for k in self.compression._changed(("layer_sizes",))]
             if unused:
-                raise ValueError(f"{', '.join(unused)}: the objective, step size and lumped compute time of a numerics run, unused "
+                raise ValueError(f"{', '.join(unused)}: the objective, step size, lumped compute time and layer split of a numerics run, unused "
                                  f"when workload.{'model' if w.model else 'table'} is set (a timing-only timeline of a real model, "
-                                 "whose layers give the compute)")
+                                 "whose layers give the compute; its selection scope is workload.sparse_policy)")
         else:
             unused = w._changed([k for k in WorkloadCfg.model_fields if k not in ("model", "table")])
             if unused:

@@ -119,12 +119,16 @@ class AlgorithmSpec:
 
     @property
     def label(self) -> str:
-        """Short display name, e.g. ``gtopk``, ``gtopk[reference]`` or ``dense[backend_allreduce]``."""
+        """Short display name, e.g. ``gtopk``, ``gtopk[reference]``, ``dense[backend_allreduce]`` or, with more than one
+        segment, ``topk[layerwise]`` / ``gtopk[reference,layerwise]``."""
+        tags = []
         if self.name == "gtopk" and self.mask == "reference":
-            return "gtopk[reference]"
+            tags.append("reference")
         if self.name == "dense" and self.collective == "backend_allreduce":
-            return "dense[backend_allreduce]"
-        return self.name
+            tags.append("backend_allreduce")
+        if self.segments is not None and self.name != "dense" and len(self.segments) > 1:
+            tags.append("layerwise")
+        return f"{self.name}[{','.join(tags)}]" if tags else self.name
 
     def check_dim(self, d: int) -> None:
         """Raise SparsimError unless 1 <= k <= d (sparse algorithms) and, when ``segments`` is set, the

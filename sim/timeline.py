@@ -182,11 +182,11 @@ def whole_model_bucket(workload: Workload) -> list[Bucket]:
 
 
 def bucket_k(spec: AlgorithmSpec, d: int, d_b: int) -> int:
-    """k of a bucket of d_b elements for a sparse spec selecting spec.k of d: ``max(1, round(k / d x d_b))``
-    (density x bucket size), at most d_b; spec.k itself when d_b = d."""
-    if d_b == d:
-        return int(spec.k)
-    return int(min(d_b, max(1, round(spec.k / d * d_b))))
+    """k of a bucket of d_b elements for a sparse spec selecting spec.k of d: ``min(d_b, max(1, round(k / d x d_b)))``
+    (density x bucket size), spec.k itself when d_b = d -- the one rule of :meth:`AlgorithmSpec.segment_ks`, which
+    the numerics' layer-wise selection uses too."""
+    segs = (d,) if d_b == d else (d_b, d - d_b)
+    return int(dataclasses.replace(spec, segments=segs).segment_ks(d)[0])
 
 
 def horovod_fusion(ready: np.ndarray, numel: np.ndarray, threshold_bytes: int, cycle_s: float, durations,
