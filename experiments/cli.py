@@ -5,7 +5,9 @@ line ``error: ...`` on stderr with exit code 2; no traceback.
 """
 from __future__ import annotations
 
+import errno
 import functools
+import os
 import signal
 import sys
 
@@ -24,8 +26,18 @@ def _user_errors(fn):
         except SparsimError as err:
             click.echo(f"error: {err}", err=True)
             sys.exit(2)
+        except OSError as err:  # the machine refuses a write: disk full, quota, read-only, permissions
+            if err.errno not in _WRITE_ERRNOS:
+                raise
+            where = f" {err.filename}" if err.filename else ""
+            click.echo(f"error: cannot write{where}: {err.strerror or os.strerror(err.errno)} (nothing was "
+                       "published: free space or choose another --out)", err=True)
+            sys.exit(2)
 
     return wrapper
+
+
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2

@@ -5,6 +5,12 @@ Directories are built in ``DIR.partial``, then renamed.
 Every command that writes a directory (``sparsim run``, the torchrun entry point, ``sparsim experiment``)
 uses these three steps: :func:`check_out` before any work, :func:`partial_dir` to build into, and
 :func:`publish` once everything is written.
+
+Two runs on one ``--out``: :func:`check_out` takes an exclusive lock (``filelock``, an OS file lock released
+when the process ends, whatever the way) keyed by the directory's absolute path, in the system's temporary
+directory (so nothing is left beside ``DIR``; runs on one machine see each other, runs on two machines
+sharing a file system do not), and holds it until :func:`publish`; a second run finds the lock held and stops
+at once with a one-line error, before it touches ``DIR.partial`` or ``DIR``.
 """
 from __future__ import annotations
 
@@ -16,9 +22,11 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from filelock import FileLock, Timeout
+
 from sim.errors import ConfigError
 
-__all__ = ["MARKER", "check_out", "partial_dir", "publish", "write_csv", "csv_cell", "save_figure",
+__all__ = ["MARKER", "check_out", "lock_path", "release", "partial_dir", "publish", "write_csv", "csv_cell", "save_figure",
            "atomic_write_text"]
 
 
@@ -26,23 +34,67 @@ __all__ = ["MARKER", "check_out", "partial_dir", "publish", "write_csv", "csv_ce
 MARKER = ".sparsim-output"
 
 
+#: Locks this process holds, by output directory (absolute path); released by :func:`publish`.
+_LOCKS: dict[str, FileLock] = {}
+
+
+def lock_path(out: Path) -> Path:
+    """The lock file of output directory ``out``: ``<tmp>/sparsim-locks/<sha256 of its absolute path>.lock``."""
+    import hashlib
+
+    key = hashlib.sha256(str(Path(out).resolve()).encode()).hexdigest()[:32]
+    return Path(tempfile.gettempdir()) / "sparsim-locks" / f"{key}.lock"
+
+
+def _lock(out: Path) -> None:
+    key = str(Path(out).resolve())
+    if key in _LOCKS:  # this process already writes it (a run resumed in the same process)
+        return
+    lp = lock_path(out)
+    try:
+        lp.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(lp), timeout=0, is_singleton=False)
+        lock.acquire()
+    except Timeout:
+        raise ConfigError(f"another sparsim run is writing {str(out)!r} (lock {str(lp)!r} is held): wait for it to "
+                          "finish or choose another --out") from None
+    except OSError as err:
+        raise ConfigError(f"cannot create the lock file {str(lp)!r} of {str(out)!r}: {err.strerror}") from None
+    _LOCKS[key] = lock
+
+
+def release(out: Path) -> None:
+    """Release this process's lock on ``out`` (no-op when it holds none)."""
+    lock = _LOCKS.pop(str(Path(out).resolve()), None)
+    if lock is not None:
+        lock.release()
+
+
 def check_out(out: Path, force: bool) -> None:
-    """Check that ``out`` may be written: it does not exist, is an empty directory, or ``force`` is given
-    and it is a directory this project wrote (it holds :data:`MARKER`). Raises ConfigError otherwise,
-    and for an empty path or one whose parent cannot be created."""
+    """Check that ``out`` may be written and lock it for this process: it does not exist, is an empty
+    directory, or ``force`` is given and it is a directory this project wrote (it holds :data:`MARKER`), and
+    no other run holds its lock. Raises ConfigError otherwise, and for an empty path or one whose parent
+    cannot be created. The lock is held until :func:`publish` (or the process's end)."""
     if str(out).strip() in ("", ".", ".."):
         raise ConfigError(f"--out {str(out)!r} is not a usable output directory: name a new directory")
     out = Path(out)
-    if out.exists():
-        if not out.is_dir():
-            raise ConfigError(f"--out {str(out)!r} is an existing file: choose a directory path")
-        if any(out.iterdir()):
-            if not force:
-                raise ConfigError(f"output directory {str(out)!r} exists and is not empty: choose another --out "
-                                  "or pass --force")
-            if not (out / MARKER).exists():
-                raise ConfigError(f"output directory {str(out)!r} was not written by sparsim: --force replaces "
-                                  "only sparsim's own output directories; choose another --out")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is an existing file: choose a directory path")
+    _lock(out)
+    try:
+        if out.exists():
+            if not out.is_dir():
+                raise ConfigError(f"--out {str(out)!r} is an existing file: choose a directory path")
+            if any(out.iterdir()):
+                if not force:
+                    raise ConfigError(f"output directory {str(out)!r} exists and is not empty: choose another --out "
+                                      "or pass --force")
+                if not (out / MARKER).exists():
+                    raise ConfigError(f"output directory {str(out)!r} was not written by sparsim: --force replaces "
+                                      "only sparsim's own output directories; choose another --out")
+    except ConfigError:
+        release(out)
+        raise
 
 
 def partial_dir(out: Path, *, fresh: bool = True) -> Path:
@@ -66,13 +118,15 @@ def partial_dir(out: Path, *, fresh: bool = True) -> Path:
 
 
 def publish(tmp: Path, out: Path) -> Path:
-    """Replace ``out`` (file or directory, if any) by the finished directory ``tmp``; return ``out``."""
+    """Replace ``out`` (file or directory, if any) by the finished directory ``tmp``, release this process's
+    lock on ``out``; return ``out``."""
     out = Path(out)
     if out.is_dir():
         shutil.rmtree(out)
     elif out.exists():
         out.unlink()
     Path(tmp).rename(out)
+    release(out)
     return out
 
 
