@@ -20,7 +20,7 @@ __all__ = ["Scenario", "load_scenario", "apply_overrides", "DEFAULT_SCENARIO_TEX
 
 class _Strict(BaseModel):
     # no unknown keys, no inf/nan, and no silent bool -> int/float coercion (P = true is an error, not P = 1)
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
 
     @field_validator("*", mode="before")
     @classmethod

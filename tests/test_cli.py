@@ -199,3 +199,17 @@ def test_settings_the_simulator_would_ignore_are_errors(tmp_path, args, needle):
     r = CliRunner().invoke(main, ["run", "--out", str(out), *QUICK, *args])
     assert r.exit_code == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["cluster.P=\"8\""], "cluster.P = '8': Input should be a valid integer"),
+    (["training.lr=\"0.5\""], "training.lr = '0.5': Input should be a valid number"),
+    (["cluster.P=8.0"], "cluster.P = 8.0: Input should be a valid integer"),
+    (["compression.layer_sizes=[\"320\", 320]"], "compression.layer_sizes.0 = '320'"),
+])
+def test_strings_are_not_coerced_to_numbers(tmp_path, sets, needle):
+    """Issue #13, case 6: the schema's types are strict (a string is not a number), as the key table says."""
+    out = tmp_path / "r"
+    r = CliRunner().invoke(main, ["run", "--out", str(out), "--quiet", *[x for s in sets for x in ("--set", s)]])
+    assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1
+    assert not out.exists()
