@@ -29,7 +29,7 @@ from pathlib import Path
 from sim.errors import ConfigError, SparsimError
 from theory.bounds import BOUNDS, condition18_D, optimal_eta, theorem1_on_schedule
 
-from .outdir import atomic_write_text
+from .outdir import atomic_write_text, verify_record
 
 __all__ = ["Verdict", "CheckReport", "check_run", "read_metrics"]
 
@@ -127,11 +127,17 @@ def check_run(run_dir, *, write: bool = True) -> CheckReport:
         raise ConfigError(f"{str(run_dir)!r} is not a finished run directory: summary.json is missing")
     try:
         summary = json.loads(sp.read_text())
+        if str(summary.get("mode", "")).startswith("workload"):
+            raise ConfigError(f"{str(run_dir)!r} is a timing-only workload run (no objective, no convergence): the "
+                              "bounds apply to runs that train the [data] objective")
+        verify_record(run_dir, summary.get("metrics_csv"))  # a truncated or edited metrics.csv gets no verdict
         res = summary["resolved"]
         d, k, B = int(res["d"]), int(res["k"]), int(res["global_batch_B"])
         by_alg = read_metrics(run_dir)
         first = next(iter(by_alg.values()))
         c, f0 = summary["resolved"]["constants"], float(first[0]["loss"])
+    except SparsimError:
+        raise
     except (ValueError, KeyError, TypeError, StopIteration, IndexError) as err:  # JSONDecodeError is a ValueError
         raise ConfigError(f"{str(run_dir)!r} is not a readable finished run directory: summary.json or metrics.csv "
                           f"is damaged ({type(err).__name__}: {err})") from None

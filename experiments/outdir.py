@@ -26,7 +26,7 @@ from filelock import FileLock, Timeout
 
 from sim.errors import ConfigError
 
-__all__ = ["MARKER", "check_out", "lock_path", "release", "partial_dir", "publish", "write_csv", "csv_cell", "save_figure",
+__all__ = ["MARKER", "file_record", "verify_record", "check_out", "lock_path", "release", "partial_dir", "publish", "write_csv", "csv_cell", "save_figure",
            "atomic_write_text"]
 
 
@@ -146,6 +146,37 @@ def write_csv(path: Path, columns: Sequence[str], rows: list[dict]) -> None:
         w.writerow(columns)
         for r in rows:
             w.writerow([csv_cell(r.get(c)) for c in columns])
+
+
+def file_record(path: Path, rows: list[dict], iterations_of=lambda r: r["iteration"]) -> dict:
+    """What summary.json records of a finished metrics.csv so a reader can verify it (``sparsim check``):
+    its sha256, its number of data rows, the algorithms in order and each one's number of rows."""
+    import hashlib
+
+    algs: dict[str, int] = {}
+    for r in rows:
+        algs[r["algorithm"]] = algs.get(r["algorithm"], 0) + 1
+    return {"file": Path(path).name, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(), "rows": len(rows),
+            "rows_per_algorithm": algs}
+
+
+def verify_record(run_dir: Path, record: dict | None) -> None:
+    """Raise ConfigError unless ``run_dir``'s file named in ``record`` (:func:`file_record`) is the one its run
+    finished writing (same sha256). A record missing (a run from before the checksum) is an error too."""
+    import hashlib
+
+    if not record:
+        raise ConfigError(f"{str(run_dir)!r}: summary.json records no checksum of metrics.csv (written by an older "
+                          "sparsim, or edited): rerun it to check it")
+    p = Path(run_dir) / record["file"]
+    if not p.is_file():
+        raise ConfigError(f"{str(run_dir)!r} is not a finished run directory: {record['file']} is missing")
+    got = hashlib.sha256(p.read_bytes()).hexdigest()
+    if got != record["sha256"]:
+        raise ConfigError(f"{str(p)!r} is not the file its run wrote (sha256 {got[:12]}... != {record['sha256'][:12]}... "
+                          f"recorded in summary.json for {record['rows']} rows of "
+                          f"{', '.join(f'{a} ({n})' for a, n in record['rows_per_algorithm'].items())}): it was "
+                          "truncated or edited; rerun the scenario")
 
 
 def save_figure(fig, outdir: Path, stem: str) -> None:

@@ -31,7 +31,7 @@ from sim.topology import CLUSTER_PRESETS, ClusterSpec, get_cluster_preset
 from sim.objectives import make_objective
 from sim.runner import METRIC_COLUMNS, Workers, run_algorithm
 
-from .outdir import check_out, partial_dir, publish, write_csv
+from .outdir import check_out, file_record, partial_dir, publish, write_csv
 from .scenario import Scenario
 
 __all__ = ["build", "run_scenario", "write_metrics", "write_run_directory", "Built"]
@@ -357,6 +357,7 @@ def write_run_directory(tmp: Path, sc: Scenario, built: "Built", rows: list[dict
         "totals": per_alg,
         "versions": _versions(),
         "wall_time_s": wall_s,
+        "metrics_csv": file_record(tmp / "metrics.csv", rows),
     }
     if backend is not None and backend.get("name") != "sim":
         summary["backend"] = backend

@@ -32,7 +32,7 @@ from sim.errors import ConfigError
 from sim.timeline import TimelinePolicy, chrome_trace, simulate_timeline
 from sim.topology import ClusterSpec
 
-from .outdir import check_out, partial_dir, publish, save_figure, write_csv
+from .outdir import check_out, file_record, partial_dir, publish, save_figure, write_csv
 from .scenario import Scenario
 
 __all__ = ["resolve_workload", "run_workload"]
@@ -163,6 +163,7 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
             "totals": totals,
             "versions": _versions(),
             "wall_time_s": time.perf_counter() - t_wall,
+            "metrics_csv": file_record(tmp / "metrics.csv", rows),
         }
         with open(tmp / "summary.json", "w") as fh:
             json.dump(summary, fh, indent=2)

@@ -65,6 +65,13 @@ def test_dense_with_the_backend_allreduce_gets_no_sparse_verdicts(run_dir, tmp_p
     m.write_text("\n".join(ln.replace("dense,", "dense[backend_allreduce],", 1) if ln.startswith("dense,") else ln
                            for ln in m.read_text().splitlines()) + "\n")
     assert "dense[backend_allreduce]" in read_metrics(copy)
+    import hashlib
+    import json
+
+    sp = copy / "summary.json"  # as that run's own summary would record it
+    s = json.loads(sp.read_text())
+    s["metrics_csv"]["sha256"] = hashlib.sha256(m.read_bytes()).hexdigest()
+    sp.write_text(json.dumps(s))
     rep = check_run(copy, write=False)
     assert {v.algorithm for v in rep.verdicts} == {"topk", "gtopk", "gtopk[reference]"}
 
@@ -83,3 +90,21 @@ def test_unknown_gradient_bound_is_its_own_error_not_damage(tmp_path):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1, r.stderr
     assert "gradient bound M is unknown" in lines[0] and "damaged" not in lines[0]
+
+
+def test_a_truncated_run_gets_no_verdict(run_dir, tmp_path):
+    """Issue #13, case 5: metrics.csv cut at a row boundary (one algorithm missing) is refused before any verdict."""
+    import shutil
+
+    copy = tmp_path / "cut"
+    shutil.copytree(run_dir, copy)
+    for f in ("check.json", "check.txt"):
+        (copy / f).unlink(missing_ok=True)
+    m = copy / "metrics.csv"
+    lines = m.read_text().splitlines()
+    m.write_text("\n".join(lines[: len(lines) // 4]) + "\n")
+    r = CliRunner().invoke(main, ["check", str(copy)])
+    assert r.exit_code == 2
+    line = r.stderr.strip()
+    assert "\n" not in line and "truncated or edited" in line and "gtopk" in line
+    assert not (copy / "check.json").exists()
