@@ -83,14 +83,15 @@ def _num(s: str) -> float:
 
 
 def read_metrics(run_dir: Path) -> dict[str, list[dict]]:
-    """metrics.csv of a run, grouped by algorithm, numbers parsed (empty -> nan). Raises ConfigError if missing."""
+    """metrics.csv of a run, grouped by algorithm, numbers parsed (empty -> nan; algorithm and run_id stay text).
+    Raises ConfigError if missing."""
     p = Path(run_dir) / "metrics.csv"
     if not p.is_file():
         raise ConfigError(f"{str(run_dir)!r} is not a finished run directory: {p.name} is missing")
     out: dict[str, list[dict]] = {}
     with open(p, newline="") as fh:
         for r in csv.DictReader(fh):
-            row = {k: (r[k] if k == "algorithm" else _num(r[k])) for k in r}
+            row = {k: (r[k] if k in ("algorithm", "run_id") else _num(r[k])) for k in r}
             out.setdefault(r["algorithm"], []).append(row)
     return out
 

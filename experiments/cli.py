@@ -74,6 +74,9 @@ def main():
     """sparsim: simulate dense, Top-k and gTop-k S-SGD on a P-worker cluster; check the papers' bounds."""
     # SIGTERM (e.g. from `timeout` or a batch system) unwinds like Ctrl-C, so no DIR.partial is left behind
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    import matplotlib
+
+    matplotlib.use("Agg")  # the CLI only writes figure files; importing experiments.plots elsewhere keeps the backend
 
 
 @main.command()

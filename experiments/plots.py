@@ -4,10 +4,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt  # the CLI chooses the Agg backend (experiments.cli.main); a notebook keeps its own
 
 __all__ = ["run_figure"]
 

@@ -177,8 +177,45 @@ def build(sc: Scenario) -> Built:
     return Built(sc)
 
 
-def write_metrics(path: Path, rows: list[dict]) -> None:
-    """Write rows to CSV with the :data:`METRIC_COLUMNS` header; floats in repr (round-trip) form, nan/None empty."""
+def run_id(sc: Scenario, backend: str = "sim") -> str:
+    """A run's identity in metrics.csv's ``run_id`` column: the first 16 hex digits of the sha256 of the resolved
+    scenario (canonical JSON) and the backend, so rows of different runs concatenated stay apart and the same
+    scenario gives the same id on every machine."""
+    import hashlib
+
+    text = json.dumps({"scenario": sc.model_dump(), "backend": backend}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def provenance() -> dict:
+    """summary.json's ``provenance``: the command line, the UTC time the run finished, the git revision of the
+    code (None outside a git checkout) and the summary's schema version."""
+    import datetime
+    import subprocess
+    import sys
+
+    rev = None
+    try:
+        here = Path(__file__).resolve().parent.parent
+        if (here / ".git").exists():
+            rev = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                 timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        rev = None
+    return {"command": " ".join(sys.argv), "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds"), "git_revision": rev, "schema_version": SUMMARY_SCHEMA_VERSION}
+
+
+#: Version of summary.json's layout (2: provenance, metrics_csv checksum, run_id column).
+SUMMARY_SCHEMA_VERSION = 2
+
+
+def write_metrics(path: Path, rows: list[dict], rid: str | None = None) -> None:
+    """Write rows to CSV with the :data:`METRIC_COLUMNS` header; floats in repr (round-trip) form, nan/None empty.
+    rid: the run's :func:`run_id`, written in every row's ``run_id`` column (rows keep any they already have)."""
+    if rid is not None:
+        for r in rows:
+            r.setdefault("run_id", rid)
     write_csv(path, METRIC_COLUMNS, rows)
 
 
@@ -340,7 +377,7 @@ def write_run_directory(tmp: Path, sc: Scenario, built: "Built", rows: list[dict
             segments.append([])
         segments[-1].append(r)
     per_alg = {seg[0]["algorithm"]: _totals(seg) for seg in segments}
-    write_metrics(tmp / "metrics.csv", rows)
+    write_metrics(tmp / "metrics.csv", rows, run_id(sc, (backend or {}).get("name", "sim")))
     summary = {
         "scenario": sc.model_dump(),
         "seed": sc.seed,
@@ -358,6 +395,7 @@ def write_run_directory(tmp: Path, sc: Scenario, built: "Built", rows: list[dict
         "versions": _versions(),
         "wall_time_s": wall_s,
         "metrics_csv": file_record(tmp / "metrics.csv", rows),
+        "provenance": provenance(),
     }
     if backend is not None and backend.get("name") != "sim":
         summary["backend"] = backend

@@ -32,7 +32,7 @@ from sim.errors import ConfigError
 from sim.timeline import TimelinePolicy, chrome_trace, simulate_timeline
 from sim.topology import ClusterSpec
 
-from .outdir import check_out, file_record, partial_dir, publish, save_figure, write_csv
+from .outdir import check_out, file_record, partial_dir, publish, save_figure
 from .scenario import Scenario
 
 __all__ = ["resolve_workload", "run_workload"]
@@ -88,7 +88,7 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
     ``force``, an unknown model or device, a bad layer table, trace iterations beyond training.iterations), and
     any SparsimError of the simulation; the partial directory is then removed.
     """
-    from .run import _progress, _versions, build_network, network_summary
+    from .run import _progress, _versions, build_network, network_summary, provenance, run_id, write_metrics
 
     out = Path(out)
     w, T = sc.workload, sc.training.iterations
@@ -140,9 +140,7 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
         if "dense" in totals:
             for lab, tt in totals.items():
                 tt["speedup_over_dense"] = totals["dense"]["mean_iter_time_s"] / tt["mean_iter_time_s"]
-        from sim.runner import METRIC_COLUMNS
-
-        write_csv(tmp / "metrics.csv", METRIC_COLUMNS, rows)
+        write_metrics(tmp / "metrics.csv", rows, run_id(sc, "timeline"))
         if any(traces.values()):
             chrome_trace(traces, tmp / "trace.json")
         k = sc.k_for(wl.d)
@@ -164,6 +162,7 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
             "versions": _versions(),
             "wall_time_s": time.perf_counter() - t_wall,
             "metrics_csv": file_record(tmp / "metrics.csv", rows),
+            "provenance": provenance(),
         }
         with open(tmp / "summary.json", "w") as fh:
             json.dump(summary, fh, indent=2)
@@ -179,10 +178,7 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
 def _figure(totals: dict, outdir: Path, title: str) -> None:
     """Stacked bars: per algorithm, mean compute and exposed communication per iteration (ms), with the overlap
     ratio (share of communication hidden behind backward) above each bar."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plots import plt
 
     labels = list(totals)
     comp = [1e3 * totals[a]["mean_compute_s"] for a in labels]

@@ -28,7 +28,7 @@ __all__ = ["METRIC_COLUMNS", "Workers", "run_algorithm", "StepStats", "step_stat
 METRIC_COLUMNS = (
     "algorithm", "iteration", "lr", "sim_time_s", "iter_time_s", "compute_s", "compress_s", "comm_s",
     "loss", "grad_norm_sq", "stoch_grad_norm_sq", "residual_norm_sq", "delta", "bytes_sent",
-    "applied_fraction", "mass_error", "aux_gap", "exposed_comm_s", "overlap_ratio",
+    "applied_fraction", "mass_error", "aux_gap", "exposed_comm_s", "overlap_ratio", "run_id",
 )
 
 

@@ -213,3 +213,29 @@ def test_strings_are_not_coerced_to_numbers(tmp_path, sets, needle):
     r = CliRunner().invoke(main, ["run", "--out", str(out), "--quiet", *[x for s in sets for x in ("--set", s)]])
     assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_summary_provenance_and_run_id(tmp_path):
+    """Issue #13: summary.json says how and from what code the run was made; metrics.csv rows carry the run's id
+    (the same scenario gives the same id; another scenario another)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _run(["run", "--out", str(a), *QUICK]).exit_code == 0
+    assert _run(["run", "--out", str(b), *QUICK, "--set", "seed=1"]).exit_code == 0
+    s = json.loads((a / "summary.json").read_text())
+    p = s["provenance"]
+    assert p["schema_version"] == 2 and p["finished_utc"].endswith("+00:00")
+    assert p["git_revision"] is None or len(p["git_revision"]) == 40
+    ids_a = {r["run_id"] for r in csv.DictReader(open(a / "metrics.csv"))}
+    ids_b = {r["run_id"] for r in csv.DictReader(open(b / "metrics.csv"))}
+    assert len(ids_a) == 1 and len(ids_b) == 1 and ids_a != ids_b and len(next(iter(ids_a))) == 16
+
+
+def test_importing_plots_keeps_the_matplotlib_backend():
+    """Issue #13: a notebook importing the package keeps its backend; only the CLI picks Agg."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import experiments.plots, matplotlib; print(matplotlib.get_backend())"],
+                         capture_output=True, text=True, env={**os.environ, "MPLBACKEND": "svg"}, timeout=120)
+    assert out.stdout.strip().lower() == "svg", out.stderr
