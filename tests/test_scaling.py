@@ -202,3 +202,122 @@ def test_quick_hierarchy_outputs(tmp_path):
     assert "| ResNet-50 | 4 | 73.8 | 30.4 (-59%) | 79.7 (+8%) |" in report
     assert "What the hierarchy explains and what it does not:" in report
     assert "ResNet-50 dense ring at P = 4 (-59% -> +8%)" in report
+
+
+# ----------------------------------------------------------------------------- layer-wise overlap (zoo workloads)
+
+
+def test_icdcs_workload_scales_flop_shares_to_the_published_compute():
+    """Zoo tensors with exact counts, k = round(0.001 d), layer seconds = FLOP share x batch / samples per s."""
+    from experiments.scaling import icdcs_workload, overlap_k
+    from sim.workloads import get_model
+
+    exact = {"ResNet-20": 269_722, "VGG-16": 14_728_266, "AlexNet": 61_100_840, "ResNet-50": 25_557_032}
+    for name, d in exact.items():
+        m, w = MODELS[name], icdcs_workload(name)
+        assert w.d == d != m.d and overlap_k(name) == round(0.001 * d) and w.measured_batch == m.batch
+        fwd, bwd = w.layer_times(m.batch)
+        assert float(fwd.sum() + bwd.sum()) == pytest.approx(m.compute_s(), rel=1e-12)
+        z = get_model({"ResNet-20": "resnet20-cifar", "VGG-16": "vgg16-cifar", "AlexNet": "alexnet",
+                       "ResNet-50": "resnet50"}[name])
+        assert w.tensors == z.tensors and w.grad_ready_order() == z.grad_ready_order()
+        flops = sum(l.forward_flops + l.backward_flops for l in z.layers)
+        for l, f, b in zip(z.layers, fwd, bwd):
+            assert f == pytest.approx(l.forward_flops / flops * m.compute_s(), rel=1e-12, abs=0.0)
+            assert b == pytest.approx(l.backward_flops / flops * m.compute_s(), rel=1e-12, abs=0.0)
+            if l.forward_flops == l.backward_flops == 0:  # BatchNorm, ReLU: no time
+                assert f == b == 0.0
+    assert icdcs_workload("ResNet-20").layers[1].name == "bn_1" and icdcs_workload("ResNet-20").layers[1].backward_s == 0
+
+
+@pytest.mark.parametrize("network", ["flat", "cluster"])
+def test_overlap_without_overlap_equals_the_scaling_model(network):
+    """Dense 'none' and the sparse whole-model policy on the timeline = simulate_timing at the zoo's d, as in
+    scaling.csv / cluster.csv (compute, then selection, then one collective)."""
+    from experiments.scaling import (NETWORK, SELECT_COEFF_S, icdcs_workload, overlap_k, simulate_overlap_case,
+                                     variant_spec)
+    from sim.compute import ComputeModel
+    from sim.network import get_preset
+    from sim.timing import simulate_timing
+    from sim.topology import get_cluster_preset
+
+    for name in ("ResNet-20", "VGG-16", "ResNet-50"):
+        m, d = MODELS[name], icdcs_workload(name).d
+        for P in (4, 8, 32):
+            net = get_preset(NETWORK) if network == "flat" else get_cluster_preset("gtopk-icdcs", P)
+            for alg, pol in (("dense", "none"), ("topk", "model"), ("gtopk", "model")):
+                row = simulate_overlap_case(name, network, alg, pol, P)
+                ref = simulate_timing(variant_spec(alg, overlap_k(name)), P, d, network=net, batch_size=m.batch,
+                                      compute=ComputeModel(forward_backward_s=m.compute_s(),
+                                                           select_coeff_s=SELECT_COEFF_S), engine="auto")
+                assert row["t_iter_s"] == pytest.approx(float(ref.iter_s[0]), rel=1e-12)
+                assert row["buckets"] == 1 and row["overlap_ratio"] == pytest.approx(0.0, abs=1e-12)
+                assert row["exposed_comm_s"] == pytest.approx(row["t_iter_s"] - m.compute_s(), rel=1e-12)
+                assert row["efficiency_pct"] == pytest.approx(100 * m.compute_s() / float(ref.iter_s[0]), rel=1e-12)
+
+
+def test_ddp_overlap_bounds():
+    """compute <= DDP iteration <= compute + the buckets' allreduces (each a ring on the flat network); shorter
+    than one allreduce after backward except where the extra buckets' 2(P-1) alpha outweighs the overlap
+    (ResNet-20 at P >= 8: 1 MiB first bucket = 97% of its 269,722 parameters, ready late in backward)."""
+    from experiments.scaling import PUBLISHED_P, icdcs_workload, simulate_overlap_case
+    from sim.costs import ring_allreduce_time
+    from sim.timeline import ddp_buckets
+
+    a, b = PRESETS["1GbE"].end_to_end_alpha_beta()
+    for name in MODELS:
+        m = MODELS[name]
+        sizes = [x.numel for x in ddp_buckets(icdcs_workload(name))]
+        for network in ("flat", "cluster"):
+            for P in PUBLISHED_P:
+                ddp = simulate_overlap_case(name, network, "dense", "ddp", P)
+                none = simulate_overlap_case(name, network, "dense", "none", P)
+                assert ddp["buckets"] == len(sizes) > 1
+                assert m.compute_s() * (1 - 1e-12) <= ddp["t_iter_s"] <= (m.compute_s() + ddp["comm_s"]) * (1 + 1e-12)
+                assert 0.0 < ddp["overlap_ratio"] < 1.0
+                if network == "flat":
+                    assert ddp["comm_s"] == pytest.approx(sum(ring_allreduce_time(P, n, a, b) for n in sizes), rel=1e-9)
+                    assert none["comm_s"] == pytest.approx(ring_allreduce_time(P, icdcs_workload(name).d, a, b), rel=1e-9)
+                if name == "ResNet-20" and P >= 8:
+                    assert ddp["t_iter_s"] > none["t_iter_s"]
+                    # the loss is at most the second bucket's ring latency (and its ceil(n/P) rounding)
+                    assert ddp["t_iter_s"] - none["t_iter_s"] < 2 * (P - 1) * (a + 4 * b)
+                else:
+                    assert ddp["t_iter_s"] < none["t_iter_s"]
+    # one node (P = 4, PCIe): ResNet-50's allreduces hide behind backward almost entirely
+    one = simulate_overlap_case("ResNet-50", "cluster", "dense", "ddp", 4)
+    assert one["overlap_ratio"] > 0.85 and 95 < one["efficiency_pct"] < 100
+
+
+def test_overlap_case_errors_one_line():
+    from experiments.scaling import simulate_overlap_case
+    from sim.errors import SparsimError
+
+    with pytest.raises(SparsimError, match=r"^\(algorithm, policy\) = \('gtopk', 'ddp'\) is not simulated: valid "):
+        simulate_overlap_case("ResNet-50", "flat", "gtopk", "ddp", 4)
+    with pytest.raises(SparsimError, match=r"^network = 'star' is unknown: valid flat, cluster$"):
+        simulate_overlap_case("ResNet-50", "star", "dense", "ddp", 4)
+
+
+def test_quick_overlap_outputs(tmp_path):
+    """overlap.csv: one row per (P, network, algorithm, policy) for ResNet-50, the columns of OVERLAP_COLUMNS, the
+    published numbers; report.md's overlap table."""
+    from experiments.scaling import OVERLAP_CASES, OVERLAP_COLUMNS, PUBLISHED_P, run_scaling, simulate_overlap_case
+
+    out, report = run_scaling(tmp_path / "q", quick=True, jobs=1, progress=False)
+    rows = _csv(out / "overlap.csv")
+    assert list(rows[0]) == list(OVERLAP_COLUMNS)
+    keys = [(int(r["P"]), r["network"], r["algorithm"], r["policy"]) for r in rows]
+    assert sorted(keys) == sorted((P, n, a, p) for P in PUBLISHED_P for n in ("flat", "cluster") for a, p in OVERLAP_CASES)
+    for r in rows:
+        P, alg = int(r["P"]), r["algorithm"]
+        pub = MODELS["ResNet-50"].published[alg][PUBLISHED_P.index(P)]
+        ref = simulate_overlap_case("ResNet-50", r["network"], alg, r["policy"], P)
+        assert r["model"] == "ResNet-50" and float(r["published_pct"]) == pub
+        assert float(r["t_iter_s"]) == ref["t_iter_s"] and float(r["efficiency_pct"]) == ref["efficiency_pct"]
+        assert float(r["rel_error"]) == pytest.approx((ref["efficiency_pct"] - pub) / pub)
+        assert int(r["buckets"]) == (5 if r["policy"] == "ddp" else 1)
+        assert float(r["exposed_comm_s"]) == pytest.approx(ref["t_iter_s"] - MODELS["ResNet-50"].compute_s(), rel=1e-9)
+    # ResNet-50 dense at P = 4: flat 30.4% -> 37.9% with DDP; one node 79.8% -> 97.6% (73.8% published)
+    assert "| ResNet-50 | 4 | 73.8 | 30.4 (-59%) | 37.9 (-49%) | 79.8 (+8%) | 97.6 (+32%) | 75.3 | 80.5 (+7%) | 81.4 (+8%) |" in report
+    assert "What overlap changes:" in report and (out / "report.md").read_text().count("Layer-wise overlap") == 1
