@@ -456,7 +456,7 @@ def experiment_scaling(out, quick, force, jobs, scheduler, quiet):
     from .scaling import run_scaling
 
     path, report = run_scaling(out, quick=quick, force=force, jobs=jobs, scheduler=scheduler, progress=not quiet)
-    click.echo(f"wrote {path}/ (scaling.csv, ratios.csv, crossover.csv, breakdown.csv, cluster.csv, hierarchy.csv, "
+    click.echo(f"wrote {path}/ (scaling.csv, ratios.csv, crossover.csv, breakdown.csv, cluster.csv, hierarchy.csv, overlap.csv, "
                "report.md, scaling.png/.pdf, hierarchy.png/.pdf, cases/)")
     click.echo(report)
 
