@@ -379,6 +379,62 @@ def predict(P, d, density, network, simulate, engine, collectives):
 
 
 @main.group()
+def workload():
+    """Real models for the layer-wise timeline: the zoo, layer tables, DDP's buckets."""
+
+
+def _workload_of(name):
+    from pathlib import Path
+
+    from sim.workloads import ZOO_MODELS, get_model, load_layer_table
+
+    if name in ZOO_MODELS or not Path(name).suffix:
+        return get_model(name)
+    return load_layer_table(name)
+
+
+@workload.command("list")
+@_user_errors
+def workload_list():
+    """The zoo: parameters, tensors, layers and FLOPs per sample of each model."""
+    from sim.workloads import ZOO, ZOO_MODELS, get_model
+
+    click.echo(f"{'model':<16}{'parameters':>14}{'tensors':>9}{'layers':>8}{'fwd GFLOPs':>12}{'bwd GFLOPs':>12}  sample")
+    for name in ZOO_MODELS:
+        w = get_model(name)
+        f = sum(l.forward_flops for l in w.layers) / 1e9
+        b = sum(l.backward_flops for l in w.layers) / 1e9
+        click.echo(f"{name:<16}{w.d:>14,}{len(w.tensors):>9}{len(w.layers):>8}{f:>12.4g}{b:>12.4g}  {ZOO[name].input}")
+
+
+@workload.command("show")
+@click.argument("model")
+@click.option("--bucket-cap-mb", type=float, default=None, help="DDP bucket_cap_mb (MiB); default DDP's 25 with a 1 MiB first bucket")
+@click.option("--export", "export", default=None, type=click.Path(dir_okay=False),
+              help="write the model's layer table to this .csv or .toml file")
+@_user_errors
+def workload_show(model, bucket_cap_mb, export):
+    """MODEL (a zoo name or a layer-table file): its size and the buckets DDP would build (launch order)."""
+    from sim.timeline import TimelinePolicy, ddp_buckets
+    from sim.workloads import save_layer_table
+
+    w = _workload_of(model)
+    pol = TimelinePolicy(bucket_cap_mb=bucket_cap_mb)
+    bs = ddp_buckets(w, pol)
+    first, cap = pol.bucket_limits_bytes()
+    click.echo(f"{w.name}: d = {w.d:,} parameters, {len(w.tensors)} tensors, {len(w.layers)} layers"
+               + (f", input {w.input}" if w.input else "") + (f"; {w.source}" if w.source else ""))
+    click.echo(f"DDP buckets (first cap {first / 2**20:g} MiB, cap {cap / 2**20:g} MiB, float32), in launch order:")
+    for i, b in enumerate(bs):
+        names = [w.tensors[j].name for j in b.tensors]
+        span = names[0] if len(names) == 1 else f"{names[0]} ... {names[-1]}"
+        click.echo(f"  {i:>3}  {b.numel:>12,} elements  {4 * b.numel / 2**20:>9.2f} MiB  {len(names):>4} tensors  {span}")
+    if export:
+        save_layer_table(w, export)
+        click.echo(f"wrote {export}")
+
+
+@main.group()
 def theory():
     """The papers' bounds as sympy expressions (gTop-k IJCAI 2019; Mem-SGD NeurIPS 2018)."""
 

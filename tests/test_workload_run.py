@@ -116,3 +116,25 @@ def test_bad_layer_table(tmp_path, text, msg):
     assert r.exit_code == 2, r.output
     assert "\n" not in r.output.strip() and msg in r.output and str(table) in r.output
     assert not out.exists()
+
+
+def test_workload_list_and_show(tmp_path):
+    from sim.timeline import TimelinePolicy, ddp_buckets
+    from sim.workloads import ZOO_MODELS, load_layer_table
+
+    r = _run(["workload", "list"])
+    assert r.exit_code == 0
+    for name in ZOO_MODELS:
+        assert name in r.output and f"{get_model(name).d:,}" in r.output
+    out = tmp_path / "r50.csv"
+    r = _run(["workload", "show", "resnet50", "--bucket-cap-mb", "5", "--export", str(out)])
+    assert r.exit_code == 0, r.output
+    bs = ddp_buckets(get_model("resnet50"), TimelinePolicy(bucket_cap_mb=5))
+    lines = [ln for ln in r.output.splitlines() if "elements" in ln]
+    assert len(lines) == len(bs) and f"{bs[0].numel:,} elements" in lines[0]
+    back = load_layer_table(out)
+    assert back.d == 25_557_032 and [t.numel for t in back.tensors] == [t.numel for t in get_model("resnet50").tensors]
+    r = _run(["workload", "show", str(out)])
+    assert r.exit_code == 0 and "d = 25,557,032" in r.output
+    r = _run(["workload", "show", "resnet51"])
+    assert r.exit_code == 2 and "resnet51" in r.output and len(r.output.strip().splitlines()) == 1
