@@ -11,7 +11,7 @@ where wall > 5 ms.
 
 Collectives: dense ring, Top-k (Bruck), gTop-k tree and recursive doubling on the 1GbE preset (flat star,
 alpha = 0.436 ms, beta = 9 ns/byte), and dense hierarchical and hierarchical gTop-k on the DGX-H100-class
-preset (8 GPUs per node); d = 25,000,000, k = 25,000 (density 0.001), as in ../shared/PERF-NOTES.md.
+preset (8 GPUs per node); d = 25,000,000, k = 25,000 (density 0.001), the ResNet-50-scale setting of the gTop-k papers.
 With ``--simgrid CSV`` (the output of ``benchmarks/bench_simgrid.py``, which needs SimGrid built outside the
 project) SimGrid's wall time on the same star platform is shown beside ours for ring, Bruck and tree.
 

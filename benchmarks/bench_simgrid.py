@@ -16,7 +16,7 @@ platform of P hosts and compare SimGrid's simulated time with our closed form:
   its children, in reverse order of how they were received (blocking sends).
   Closed form: ``gtopk_tree_time(P, k, alpha, beta)``.
 
-Platform (same model as ours, see ../shared/PERF-NOTES.md): ``--cfg=network/model:raw`` (time = latency
+Platform (the same link model as ours): ``--cfg=network/model:raw`` (time = latency
 + size/bandwidth, fair sharing, no TCP gamma, no cross traffic, latency and bandwidth factors 1), a star
 zone where each host has a private split-duplex link of latency alpha/2 and bandwidth 1/beta. A message
 crosses the sender's UP link and the receiver's DOWN link at once (SimGrid's flow model), so alone it

@@ -2,7 +2,7 @@
 
 Per step (Top-k and gTop-k rows of metrics.csv):
 
-- Assumption 1: delta_t <= 1 (THEORY.md section 4).
+- Assumption 1: delta_t <= 1 (docs/theory.md section 4).
 - Lemma 2, pathwise, with delta_t replaced by 1 (the lemma's statement under Assumption 1) and the
   best Young parameter eta for the step (min over eta > 0 of (1+eta)a + (1+1/eta)b = (sqrt a + sqrt b)^2):
   ||eps_t||^2 <= gamma (||eps_{t-1}|| + alpha_t ||G_t||)^2, with eps the mean residual and G_t the averaged

@@ -123,7 +123,7 @@ def corollary2_bounds(d: int, k: int | None, L: float, M: float, B: int, F: floa
 
     k None or k = d: no compression, ``corollary2_c_*`` at c = 1 (compression term 0; eta reported nan);
     else ``corollary2_*`` at eta = :func:`theory.bounds.optimal_eta` (d/k). Source: Shi et al., IJCAI 2019,
-    Corollary 2; THEORY.md section 5. Units: those of ||grad f||^2.
+    Corollary 2; docs/theory.md section 5. Units: those of ||grad f||^2.
     """
     from theory.bounds import BOUNDS, optimal_eta
 

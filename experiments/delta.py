@@ -1,6 +1,6 @@
 """``sparsim experiment delta``: Assumption 1's ratio delta_t over training (gTop-k paper, Figure 1).
 
-delta_t = ||sum_p acc_p - g||^2 / ((1 - k/d) ||sum_p acc_p||^2) (THEORY.md section 4; Shi et al., IJCAI
+delta_t = ||sum_p acc_p - g||^2 / ((1 - k/d) ||sum_p acc_p||^2) (docs/theory.md section 4; Shi et al., IJCAI
 2019, Figure 1 reports 0.97-1.0 on real models at c = 1000): Assumption 1 holds at step t iff delta_t <= 1.
 Measured for Top-k and gTop-k S-SGD with error feedback, P = 4 workers, per-worker batch 16, constant step
 0.5, on

@@ -9,11 +9,11 @@ mu = 1/n), on
   {10, 20, 30} for RCV1; the output states the k used).
 
 Mem-SGD's memory update is our error feedback with P = 1: acc = m + eta_t g; send comp_k(acc);
-m = acc - comp_k(acc) (THEORY.md section 2), with comp = top-k (``topk``) or rand-k (``randk``,
+m = acc - comp_k(acc) (docs/theory.md section 2), with comp = top-k (``topk``) or rand-k (``randk``,
 :func:`sim.compression.randk`, seeded per iteration). Plain SGD = ``dense`` with P = 1. Two step sizes:
 
 - ``thm24``: Theorem 2.4's eta_t = 8/(mu(a + t)) with alpha = 5, a = (alpha+1) d/k + rho/(rho+1),
-  rho = 4 alpha/((alpha-4)(alpha+1)^2) (THEORY.md section 6);
+  rho = 4 alpha/((alpha-4)(alpha+1)^2) (docs/theory.md section 6);
 - ``gamma2``: the paper's practical eta_t = gamma/(lambda(t + a)) with gamma = 2, a = d/k;
 
 with k = d for plain SGD (so a = 6.36 and a = 1). t counts from 0 at the first step. The y-axis is the

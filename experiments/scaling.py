@@ -20,12 +20,12 @@ Two network models of the published runs:
 
 Model of one iteration on each worker (timing-only mode, :mod:`sim.timing`: message sizes without data):
 
-- ``forward_backward`` = batch / single-GPU throughput (s), from the released ICDCS scripts (COSTS.md);
+- ``forward_backward`` = batch / single-GPU throughput (s), from the released ICDCS scripts (docs/costs.md);
 - ``select`` (sparse algorithms) = 2.19e-10 s * d log2 d, the authors' top-k time fit (ComputeModel default);
 - the collective, round by round on the fast engine (``engine="auto"``, :mod:`sim.fastsim`: the same
   simulated times as the message-level SimPy engine, thousands of ranks in seconds).
 
-Scaling efficiency (the ICDCS scripts' definition, COSTS.md) = per-worker throughput at P / single-GPU
+Scaling efficiency (the ICDCS scripts' definition, docs/costs.md) = per-worker throughput at P / single-GPU
 throughput = (batch / t_iter(P)) / (batch / t_compute) = t_compute / t_iter(P), in %.
 
 Layer-wise overlap (``overlap.csv``, :func:`simulate_overlap_case`, at the published P = 4..32 on both network
@@ -77,7 +77,7 @@ NETWORK = "1GbE"
 #: The hierarchical model of the published runs: the gTop-k authors' cluster (sim.topology preset).
 CLUSTER = "gtopk-icdcs"
 DENSITY = 0.001
-#: Top-k selection time fit on the ICDCS GPU (P102-100): t = c x log2 x seconds (COSTS.md).
+#: Top-k selection time fit on the ICDCS GPU (P102-100): t = c x log2 x seconds (docs/costs.md).
 SELECT_COEFF_S = 2.19e-10
 #: P of the published efficiency arrays.
 PUBLISHED_P = (4, 8, 16, 32)
@@ -94,7 +94,7 @@ class ModelSpec:
     published: {"dense" | "topk" | "gtopk": scaling efficiencies in % at P = 4, 8, 16, 32}.
     headline: (gTop-k over dense, gTop-k over Top-k) scaling-efficiency ratios at P = 32 (paper text).
     breakdown: (batch, compute s, compression s, communication s) per iteration at P = 32, or None.
-    Source: the released ICDCS 2019 scripts and paper, as transcribed in ../shared/COSTS.md.
+    Source: the released ICDCS 2019 scripts and paper, as transcribed in docs/costs.md.
     """
 
     name: str

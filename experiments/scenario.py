@@ -13,9 +13,17 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sim.compute import MAX_COEFF_S, MAX_FORWARD_BACKWARD_S, MAX_JITTER_SCALE, MAX_STRAGGLER_FACTOR
 from sim.errors import ConfigError
+from sim.network import MAX_QUANTUM_S
 
-__all__ = ["Scenario", "load_scenario", "apply_overrides", "DEFAULT_SCENARIO_TEXT", "scenario_keys", "option_overrides"]
+__all__ = ["Scenario", "load_scenario", "apply_overrides", "DEFAULT_SCENARIO_TEXT", "scenario_keys", "option_overrides",
+           "MAX_REGULARISER"]
+
+#: Largest weight of data.lam and data.mu: a regulariser 10^6 times the data term (whose per-sample losses are
+#: O(1) on the bundled objectives) leaves nothing of the data to fit, and lam psi'' and mu enter the
+#: smoothness constant L, so a step size stable for it would be below 1e-6.
+MAX_REGULARISER = 1e6
 
 
 class _Strict(BaseModel):
@@ -44,14 +52,15 @@ class ClusterCfg(_Strict):
                                              "cluster presets gtopk-icdcs, v100-25GbE, dgx-h100; hierarchical (the keys below)")
     topology: Literal["star", "ring", "direct"] = Field("star", description="topology when network = custom")
     alpha_s: float = Field(0.436e-3, ge=0, le=10, description="custom: end-to-end latency alpha (s); hierarchical: NIC-to-NIC latency (s)")
-    bandwidth_Bps: float = Field(1 / 9e-9, gt=0, le=1e15, description="custom: end-to-end bandwidth (bytes/s), beta = 1/bandwidth s/byte; "
+    bandwidth_Bps: float = Field(1 / 9e-9, ge=1, le=1e15, description="custom: end-to-end bandwidth (bytes/s), beta = 1/bandwidth s/byte; "
                                                              "hierarchical: bandwidth of one NIC (bytes/s)")
-    quantum_s: float = Field(0.0, ge=0, description="time quantum (s); 0 = exact float time, 1e-9 = ASTRA-sim integer ns (flat networks, message-level engine)")
+    quantum_s: float = Field(0.0, ge=0, le=MAX_QUANTUM_S, description="time quantum (s); 0 = exact float time, 1e-9 = ASTRA-sim integer ns (flat networks, message-level engine); "
+                                                                  "a hop whose time it would truncate to 0 is an error")
     gpus_per_node: int = Field(1, ge=1, le=1024, description="hierarchical: ranks per node G (divides P)")
     nics_per_node: int = Field(1, ge=1, le=1024, description="hierarchical: NICs per node, a divisor of G (1 = one shared NIC, G = rail-optimised)")
     intra: Literal["nvswitch", "pcie"] = Field("nvswitch", description="hierarchical: intra-node fabric (nvswitch: a switch; pcie: through the host, shared with inter-node traffic)")
     intra_alpha_s: float = Field(5e-6, ge=0, le=10, description="hierarchical: GPU-to-GPU latency inside a node (s)")
-    intra_bandwidth_Bps: float = Field(150e9, gt=0, le=1e15, description="hierarchical: GPU-to-GPU bandwidth inside a node (bytes/s)")
+    intra_bandwidth_Bps: float = Field(150e9, ge=1, le=1e15, description="hierarchical: GPU-to-GPU bandwidth inside a node (bytes/s)")
     nodes_per_leaf: int = Field(0, ge=0, le=65536, description="hierarchical: nodes per leaf switch of a leaf/spine fat tree; 0 = one non-blocking switch")
     oversubscription: float = Field(1.0, ge=1, le=1000, description="hierarchical: fat-tree leaf oversubscription (downlink / uplink capacity)")
     spine_alpha_s: float = Field(0.0, ge=0, le=10, description="hierarchical: extra latency of a leaf-spine-leaf crossing (s)")
@@ -83,15 +92,15 @@ class ClusterCfg(_Strict):
 class ComputeCfg(_Strict):
     """Per-worker compute model."""
 
-    forward_backward_s: float = Field(0.005, ge=0, description="forward+backward time per iteration per worker (s)")
+    forward_backward_s: float = Field(0.005, ge=0, le=MAX_FORWARD_BACKWARD_S, description="forward+backward time per iteration per worker (s)")
     jitter: Literal["none", "lognormal", "exponential"] = Field("none", description="random variation of forward_backward_s")
-    jitter_scale: float = Field(0.0, ge=0, description="lognormal sigma, or exponential mean extra as a fraction")
+    jitter_scale: float = Field(0.0, ge=0, le=MAX_JITTER_SCALE, description="lognormal sigma, or exponential mean extra as a fraction")
     straggler_prob: float = Field(0.0, ge=0, le=1, description="probability a worker straggles in an iteration")
-    straggler_factor: float = Field(1.0, ge=1, description="compute-time multiplier of a straggler")
-    select_coeff_s: float = Field(2.19e-10, ge=0, description="top-k selection: seconds per x*log2(x), x = d")
-    merge_coeff_s: float = Field(0.0, ge=0, description="gTop-k merge: seconds per element merged")
-    reduce_coeff_s: float = Field(0.0, ge=0, description="dense reduction: seconds per element added")
-    update_coeff_s: float = Field(0.0, ge=0, description="parameter update: seconds per parameter")
+    straggler_factor: float = Field(1.0, ge=1, le=MAX_STRAGGLER_FACTOR, description="compute-time multiplier of a straggler")
+    select_coeff_s: float = Field(2.19e-10, ge=0, le=MAX_COEFF_S, description="top-k selection: seconds per x*log2(x), x = d")
+    merge_coeff_s: float = Field(0.0, ge=0, le=MAX_COEFF_S, description="gTop-k merge: seconds per element merged")
+    reduce_coeff_s: float = Field(0.0, ge=0, le=MAX_COEFF_S, description="dense reduction: seconds per element added")
+    update_coeff_s: float = Field(0.0, ge=0, le=MAX_COEFF_S, description="parameter update: seconds per parameter")
 
 
 class DataCfg(_Strict):
@@ -101,8 +110,8 @@ class DataCfg(_Strict):
     dataset: str = Field("digits", description="real-data objectives: digits, breast_cancer, libsvm, synthetic_epsilon")
     path: str = Field("", description="LIBSVM-format file when dataset = libsvm")
     sharding: Literal["iid", "label"] = Field("iid", description="how samples are split over workers")
-    lam: float = Field(1e-3, ge=0, description="weight of the non-convex regulariser sum x^2/(1+x^2)")
-    mu: float = Field(0.0, ge=0, description="weight of the convex l2 term mu/2 ||x||^2")
+    lam: float = Field(1e-3, ge=0, le=MAX_REGULARISER, description="weight of the non-convex regulariser sum x^2/(1+x^2)")
+    mu: float = Field(0.0, ge=0, le=MAX_REGULARISER, description="weight of the convex l2 term mu/2 ||x||^2")
     d: int = Field(10_000, ge=10, le=10_000_000, description="synthetic objectives: dimension")
     n: int = Field(1024, ge=1, le=10_000_000, description="synthetic objectives / synthetic_epsilon: samples")
 

@@ -5,7 +5,7 @@ error-feedback accumulator, selection, residual, update) and yields the compute 
 operations that a driver carries out -- the SimPy cluster (:mod:`sim.cluster`), the lock-step
 reference (:mod:`sim.drivers`) or torch.distributed (:mod:`sim.torch_backend`).
 
-Per iteration t and worker p (THEORY.md section 2; Shi et al. IJCAI 2019, Algorithm 1):
+Per iteration t and worker p (docs/theory.md section 2; Shi et al. IJCAI 2019, Algorithm 1):
 
 - dense S-SGD:  g = allreduce(alpha_t G_p);                                residual stays 0.
 - Top-k S-SGD:  acc_p = eps_p + alpha_t G_p;  g = sum_q TopK(acc_q) (allgather);  eps_p = acc_p - TopK(acc_p).
@@ -41,7 +41,7 @@ import numpy as np
 
 from . import collectives as C
 from .compression import Sparse, randk, topk
-from .errors import ConfigError, NonFiniteError, SparsimError, check_range
+from .errors import DIVERGENCE_LIMIT, ConfigError, NonFiniteError, SparsimError, check_range
 from .ops import AllReduce, Compute
 
 __all__ = ["AlgorithmSpec", "StepOutput", "sgd_step", "ALGORITHMS", "COLLECTIVES"]
@@ -224,12 +224,25 @@ class StepOutput:
     n_applied: int
 
 
-def _check_finite(arr: np.ndarray, what: str, rank: int, iteration: int) -> None:
-    if not np.all(np.isfinite(arr)):
-        bad = int(np.flatnonzero(~np.isfinite(arr))[0])
+def _check_finite(arr: np.ndarray, what: str, rank: int, iteration: int, label: str = "") -> None:
+    """Raise NonFiniteError unless every entry of ``arr`` is finite with |value| <= DIVERGENCE_LIMIT (1e100).
+
+    NaN/Inf: the message names the worker, the iteration and the first bad coordinate. A finite entry beyond
+    the limit: the run diverged; the message names the iteration, the algorithm ``label``, the worker, the
+    coordinate and the value, and suggests a smaller step size. Only reads ``arr`` (two reductions)."""
+    if arr.size == 0 or (-DIVERGENCE_LIMIT <= arr.min() and arr.max() <= DIVERGENCE_LIMIT):  # NaN fails both
+        return
+    finite = np.isfinite(arr)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite)[0])
         raise NonFiniteError(
             f"{what} of worker {rank} at iteration {iteration} is not finite (coordinate {bad} = {arr[bad]}): "
             "valid values are finite; lower the learning rate or check the data")
+    bad = int(np.argmax(np.abs(arr)))
+    raise NonFiniteError(
+        f"the run diverged at iteration {iteration}{f' of {label}' if label else ''}: the {what} of worker {rank} "
+        f"is {arr[bad]:.4g} at coordinate {bad} (valid |value| <= {DIVERGENCE_LIMIT:g}, beyond which float64 "
+        "squares and sums overflow); lower training.lr")
 
 
 def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np.ndarray, grad_fn,
@@ -241,7 +254,8 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
     worker's mini-batch stochastic gradient G_p(v) (numerics; costed as ``forward_backward`` work of
     ``batch_size`` samples). lr: alpha_t > 0. iteration: t (>= 1), used in error messages and by the
     compute model's seeded jitter. Raises NonFiniteError naming worker and iteration if the gradient
-    or the accumulator is NaN/Inf.
+    or the accumulator is NaN/Inf, or, naming the algorithm too, if one of their entries exceeds
+    :data:`sim.errors.DIVERGENCE_LIMIT` in magnitude (the run diverged: lower the step size).
 
     With ``spec.segments`` (sparse algorithms; see the module docstring and :func:`_layerwise`) the step
     yields, per segment in segment order, ``Compute("select", d_b)`` then that segment's collective with
@@ -252,10 +266,10 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
     with np.errstate(over="ignore", invalid="ignore"):
         grad = np.asarray(grad_fn(v), dtype=v.dtype)
     yield Compute("forward_backward", batch_size)
-    _check_finite(grad, "gradient", rank, iteration)
+    _check_finite(grad, "gradient", rank, iteration, spec.label)
     with np.errstate(over="ignore", invalid="ignore"):
         acc = residual + lr * grad
-    _check_finite(acc, "error-feedback accumulator", rank, iteration)
+    _check_finite(acc, "error-feedback accumulator", rank, iteration, spec.label)
     vb, ib = spec.value_bytes, spec.index_bytes
     if spec.name == "dense":
         if spec.collective == "ring":

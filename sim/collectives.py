@@ -9,7 +9,7 @@ Costs: alpha = per-message latency (s), beta = s/byte, n = bytes, lg = log2, pof
 power of two <= P, rem = P - pof2, s = value_bytes + index_bytes per sparse element. The
 closed forms (functions in :mod:`sim.costs`) are the time on a contention-free network with the
 rendezvous semantics of :mod:`sim.ops` and zero compute cost; they reduce to the formulas of
-Thakur, Rabenseifner and Gropp (2005) / ../shared/COSTS.md when P is a power of two.
+Thakur, Rabenseifner and Gropp (2005) / docs/costs.md when P is a power of two.
 """
 from __future__ import annotations
 
@@ -273,7 +273,7 @@ def topk_allgather_sum(rank: int, P: int, sel: Sparse, value_bytes: int = 4, ind
 
     sel: this rank's TopK selection (at most k entries). Returns the dense sum
     g = sum_p TopK(acc_p), float array (d,), added in rank order 0..P-1 so it is bit-identical on
-    every rank. Cost with k entries per rank: ceil(lg P) alpha + (P-1) k s beta (COSTS.md, Top-k via
+    every rank. Cost with k entries per rank: ceil(lg P) alpha + (P-1) k s beta (docs/costs.md, Top-k via
     allgather). Every local selection is applied, so residual_p = acc_p - TopK(acc_p).
     """
     blocks = yield from bruck_allgather(rank, P, sel, lambda s_: s_.nbytes(value_bytes, index_bytes))
@@ -485,7 +485,7 @@ def hier_allreduce(rank: int, P: int, G: int, x: np.ndarray, value_bytes: int = 
     2. Inter-node ring allreduce of that chunk among the N ranks with the same local index (one ring per
        local index, all at once: on a rail-optimised cluster each on its own NIC).
     3. Intra-node ring allgather of the G reduced chunks.
-    Cost on a contention-free cluster with G N dividing d, n = d * value_bytes (COSTS.md, hierarchical):
+    Cost on a contention-free cluster with G N dividing d, n = d * value_bytes (docs/costs.md, hierarchical):
     2(G-1)(alpha_i + n/G beta_i) + 2(N-1)(alpha_e + n/(G N) beta_e) (:func:`sim.costs.hier_allreduce_time`).
     G = 1 is the flat ring; N = 1 the ring inside one node.
     """

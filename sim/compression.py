@@ -1,7 +1,7 @@
 """Compression operators: TopK, RandK, the gTop-k merge operator, and error-feedback memory.
 
 All operators are pure and deterministic. Ties in magnitude are broken by the LOWER index
-(THEORY.md section 1), so every worker and every backend selects the same set. Entries whose value
+(docs/theory.md section 1), so every worker and every backend selects the same set. Entries whose value
 is exactly zero carry no mass and are never transmitted: a selection holds at most k entries.
 
 Sources: Shi et al., "A Convergence Analysis of Distributed SGD with Communication-Efficient
@@ -125,7 +125,7 @@ def merge(a: Sparse, b: Sparse, k: int) -> Sparse:
     Sums the two sparse vectors on the union of their supports (up to 2k entries) and keeps exactly
     the k largest magnitudes (ties: lower index), dropping exact zeros (e.g. cancellations).
     Commutative bit-for-bit (IEEE addition is commutative); NOT associative, so the reduction
-    tree's shape matters (THEORY.md section 1; Shi et al. 2019, Eq. (5)). Raises SparsimError if
+    tree's shape matters (docs/theory.md section 1; Shi et al. 2019, Eq. (5)). Raises SparsimError if
     the dimensions differ or k is out of range.
     """
     if a.d != b.d:

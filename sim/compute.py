@@ -16,10 +16,22 @@ import numpy as np
 from sim.errors import ConfigError, SparsimError, check_int, check_real
 from sim.ops import COMPUTE_KINDS
 
-__all__ = ["JITTERS", "ComputeModel"]
+__all__ = ["JITTERS", "ComputeModel", "MAX_FORWARD_BACKWARD_S", "MAX_COEFF_S", "MAX_STRAGGLER_FACTOR",
+           "MAX_JITTER_SCALE"]
 
 #: Valid values of :attr:`ComputeModel.jitter`.
 JITTERS = ("none", "lognormal", "exponential")
+
+#: Upper limits of the model's parameters, where no physical value is larger (the scenario keys
+#: compute.* state the same limits): one hour of forward + backward per step and worker (s); one second
+#: per element selected, merged, added or updated (measured costs are nanoseconds per element); a straggler
+#: 1000 times slower than its peers; a jitter scale of 3 (a lognormal sigma of 3 has a coefficient of
+#: variation of 90, an exponential mean extra of 300 %: measured step times vary by a few percent). With
+#: these, one iteration's compute is finite and far below float64's range, so the simulated clock stays exact.
+MAX_FORWARD_BACKWARD_S = 3600.0
+MAX_COEFF_S = 1.0
+MAX_STRAGGLER_FACTOR = 1000.0
+MAX_JITTER_SCALE = 3.0
 
 
 _check_real = functools.partial(check_real, err=ConfigError)  # model parameters are configuration
@@ -36,20 +48,21 @@ class ComputeModel:
 
     Attributes:
         forward_backward_s: seconds of forward + backward pass per iteration per worker at the
-            configured batch size, finite, >= 0.
+            configured batch size, finite, 0 <= forward_backward_s <= 3600 (:data:`MAX_FORWARD_BACKWARD_S`).
         jitter: ``"none"``, ``"lognormal"`` (time multiplied by ``exp(s Z - s**2 / 2)``,
             ``Z ~ N(0, 1)``, ``s = jitter_scale``: mean factor 1) or ``"exponential"`` (time
             plus ``forward_backward_s * E``, ``E`` exponential with mean ``jitter_scale``).
         jitter_scale: lognormal sigma, or the exponential mean extra as a fraction of
-            ``forward_backward_s``; finite, >= 0.
+            ``forward_backward_s``; finite, 0 <= jitter_scale <= 3 (:data:`MAX_JITTER_SCALE`).
         straggler_prob: probability in [0, 1] that a worker straggles in an iteration.
-        straggler_factor: multiplier (>= 1) of a straggler's forward/backward time.
+        straggler_factor: multiplier of a straggler's forward/backward time, 1 <= factor <= 1000
+            (:data:`MAX_STRAGGLER_FACTOR`).
         select_coeff_s: seconds per ``x log2 x`` of a top-k selection over ``x`` elements,
             ``t = c x log2 x``; default 2.19e-10 s, the gTop-k authors' fit on a P102-100 GPU
-            (ICDCS 2019 released scripts, see COSTS.md). Finite, >= 0.
-        merge_coeff_s: seconds per element merged (sparse add + top-k over the union), >= 0.
-        reduce_coeff_s: seconds per element added in a dense reduction, >= 0.
-        update_coeff_s: seconds per parameter updated, >= 0.
+            (ICDCS 2019 released scripts, see docs/costs.md). Finite, 0 <= select_coeff_s <= 1 (:data:`MAX_COEFF_S`).
+        merge_coeff_s: seconds per element merged (sparse add + top-k over the union), 0 <= . <= 1.
+        reduce_coeff_s: seconds per element added in a dense reduction, 0 <= . <= 1.
+        update_coeff_s: seconds per parameter updated, 0 <= . <= 1.
         seed: integer >= 0 seeding the jitter/straggler draws.
 
     Raises:
@@ -68,16 +81,14 @@ class ComputeModel:
     seed: int = 0
 
     def __post_init__(self):
-        _check_real("forward_backward_s", self.forward_backward_s, 0)
+        _check_real("forward_backward_s", self.forward_backward_s, 0, MAX_FORWARD_BACKWARD_S)
         if self.jitter not in JITTERS:
             raise ConfigError(f"jitter = {self.jitter!r} is unknown: valid jitters are {', '.join(JITTERS)}")
-        _check_real("jitter_scale", self.jitter_scale, 0)
+        _check_real("jitter_scale", self.jitter_scale, 0, MAX_JITTER_SCALE)
         _check_real("straggler_prob", self.straggler_prob, 0, 1)
-        _check_real("straggler_factor", self.straggler_factor, 1)
-        _check_real("select_coeff_s", self.select_coeff_s, 0)
-        _check_real("merge_coeff_s", self.merge_coeff_s, 0)
-        _check_real("reduce_coeff_s", self.reduce_coeff_s, 0)
-        _check_real("update_coeff_s", self.update_coeff_s, 0)
+        _check_real("straggler_factor", self.straggler_factor, 1, MAX_STRAGGLER_FACTOR)
+        for name in ("select_coeff_s", "merge_coeff_s", "reduce_coeff_s", "update_coeff_s"):
+            _check_real(name, getattr(self, name), 0, MAX_COEFF_S)
         _check_nonneg_int("seed", self.seed, err=ConfigError)
 
     def forward_backward_factor(self, rank: int, iteration: int) -> float:

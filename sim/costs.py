@@ -5,7 +5,7 @@ Each function is the exact time of the matching message-level collective on a co
 network (every message alone costs alpha + bytes * beta) with zero compute cost, for ANY P;
 ``tests/test_costs.py`` checks that equality on the SimPy network for P in 1..16, 31, 32, 33.
 For P a power of two they are the formulas of Thakur, Rabenseifner and Gropp (2005) and
-../shared/COSTS.md. Reduction and merge compute are a separate, explicit term of the compute model.
+docs/costs.md. Reduction and merge compute are a separate, explicit term of the compute model.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def ceil_lg(P: int) -> int:
 def ring_allreduce_time(P: int, d: int, alpha: float, beta: float, value_bytes: int = 4) -> float:
     """Ring allreduce of d values: 2(P-1) (alpha + ceil(d/P) * value_bytes * beta).
 
-    With n = d * value_bytes divisible by P this is 2(P-1) alpha + 2 n (P-1)/P beta (COSTS.md);
+    With n = d * value_bytes divisible by P this is 2(P-1) alpha + 2 n (P-1)/P beta (docs/costs.md);
     otherwise every step is paced by the largest chunk, ceil(d/P) elements.
     """
     if P == 1:
@@ -120,9 +120,9 @@ def hier_allreduce_time(N: int, G: int, d: int, alpha_i: float, beta_i: float, a
     """Two-level dense allreduce of d values (:func:`sim.collectives.hier_allreduce`):
     2(G-1)(alpha_i + ceil(d/G) v beta_i) + 2(N-1)(alpha_e + S ceil(ceil(d/G)/N) v beta_e), v = value_bytes,
     S = nic_share; with G N dividing d, n = d v: 2(G-1)(alpha_i + n/G beta_i) + 2(N-1)(alpha_e + S n/(G N) beta_e)
-    (COSTS.md). S = 1: one NIC per GPU (rail-optimised), exact on a contention-free cluster when G N divides d
+    (docs/costs.md). S = 1: one NIC per GPU (rail-optimised), exact on a contention-free cluster when G N divides d
     (otherwise the time paced by the largest chunk in every step). S = G / nics_per_node: the S inter-node
-    rings that share a NIC served back to back (COSTS.md's shared-NIC form, an upper bound: the simulation
+    rings that share a NIC served back to back (docs/costs.md's shared-NIC form, an upper bound: the simulation
     overlaps part of their latencies)."""
     c = -(-d // G)
     t = 2 * (G - 1) * (alpha_i + c * value_bytes * beta_i)

@@ -19,7 +19,15 @@ import scipy.sparse as sp
 
 from sim.errors import ConfigError, DataError, SparsimError, check_range
 
-__all__ = ["Dataset", "DATASETS", "load_dataset", "check_finite", "shard_indices", "minibatch", "SHARD_MODES"]
+__all__ = ["Dataset", "DATASETS", "load_dataset", "check_finite", "shard_indices", "minibatch", "SHARD_MODES",
+           "DATA_ABS_MAX"]
+
+#: Largest magnitude of a data entry (feature value). A value's square must stay finite, and so must the sums
+#: of squares the objectives form (row norms for L and M, margins, the full gradient): squares of up to 1e100
+#: are at most 1e200, so summed over up to 10^7 features and 10^7 samples they stay far below float64's max
+#: (1.8e308). Larger values are data errors (a feature of 1e300 would overflow in the first product and be
+#: blamed on the step size), reported as such before any training.
+DATA_ABS_MAX = 1e100
 
 #: Names accepted by :func:`load_dataset`, with a one-line description each.
 DATASETS = {
@@ -51,32 +59,95 @@ def _range(name: str, value, lo=None, hi=None, error=ConfigError):
     return check_range(name, value, lo, hi, err=error)
 
 
-def check_finite(X, name: str) -> None:
-    """Raise :class:`DataError` if ``X`` holds NaN or +-Inf.
-
-    ``X``: float ndarray ``(n, d)`` or scipy.sparse matrix (only stored entries are checked).
-    The message names the data set and the first bad ``(row, column)`` in row-major order, e.g.
-    ``data set 'x' holds a non-finite value (nan) at (row, column) = (3, 7): all entries must be finite``.
-    """
+def _first_bad(X) -> tuple[int, int, float] | None:
+    """The first ``(row, column, value)`` in row-major order of ``X`` (ndarray or scipy.sparse; stored entries)
+    that is NaN, +-Inf or beyond :data:`DATA_ABS_MAX` in magnitude; None when every entry is in range."""
     if sp.issparse(X):
         A = X.tocsr()
-        bad = np.flatnonzero(~np.isfinite(A.data))
-        if bad.size == 0:
-            return
+        data = A.data
+        if data.size == 0 or (-DATA_ABS_MAX <= data.min() and data.max() <= DATA_ABS_MAX):  # NaN fails both
+            return None
+        bad = np.flatnonzero(~(np.abs(data) <= DATA_ABS_MAX))
         rows = np.searchsorted(A.indptr, bad, side="right") - 1
         cols = A.indices[bad]
         first = np.lexsort((cols, rows))[0]
-        r, c, v = int(rows[first]), int(cols[first]), A.data[bad[first]]
-    else:
-        A = np.asarray(X)
-        finite = np.isfinite(A)
-        if finite.all():
-            return
-        r, c = (int(t) for t in np.argwhere(~finite)[0])
-        v = A[r, c]
-    raise DataError(
-        f"data set {name!r} holds a non-finite value ({v}) at (row, column) = ({r}, {c}): all entries must be finite"
-    )
+        return int(rows[first]), int(cols[first]), float(data[bad[first]])
+    A = np.asarray(X)
+    if A.size == 0 or (-DATA_ABS_MAX <= A.min() and A.max() <= DATA_ABS_MAX):
+        return None
+    r, c = (int(t) for t in np.argwhere(~(np.abs(A) <= DATA_ABS_MAX))[0])
+    return r, c, float(A[r, c])
+
+
+def _bad_value_text(v: float) -> str:
+    """Why a data value is out of range (the part of the message after the value)."""
+    if not np.isfinite(v):
+        return "all entries must be finite"
+    return (f"valid |value| <= {DATA_ABS_MAX:g} (larger values overflow float64 once squared and summed; "
+            "fix or rescale the data)")
+
+
+def check_finite(X, name: str) -> None:
+    """Raise :class:`DataError` if ``X`` holds NaN, +-Inf or a value beyond :data:`DATA_ABS_MAX` (1e100) in magnitude.
+
+    ``X``: float ndarray ``(n, d)`` or scipy.sparse matrix (only stored entries are checked).
+    The message names the data set and the first bad ``(row, column)`` in row-major order, e.g.
+    ``data set 'x' holds a non-finite value (nan) at (row, column) = (3, 7): all entries must be finite`` or
+    ``data set 'x' holds the value 1e+300 at (row, column) = (0, 1): valid |value| <= 1e+100 (...)``.
+    Reads ``X`` only (two reductions when every entry is in range).
+    """
+    bad = _first_bad(X)
+    if bad is None:
+        return
+    r, c, v = bad
+    what = f"a non-finite value ({v})" if not np.isfinite(v) else f"the value {v:g}"
+    raise DataError(f"data set {name!r} holds {what} at (row, column) = ({r}, {c}): {_bad_value_text(v)}")
+
+
+def _libsvm_line(path: str, row: int) -> tuple[int, str] | None:
+    """(1-based line number, text) of sample ``row`` (0-based) of a LIBSVM file, counting as
+    sklearn.datasets.load_svmlight_file does (text after '#' is a comment; lines empty without it hold no
+    sample); None when the file cannot be read back."""
+    try:
+        with open(path, "rb") as fh:
+            k = -1
+            for lineno, raw in enumerate(fh, 1):
+                text = raw.split(b"#", 1)[0].strip()
+                if text:
+                    k += 1
+                    if k == row:
+                        return lineno, text.decode("utf-8", "replace")
+    except OSError:
+        return None
+    return None
+
+
+def _check_libsvm_values(path: str, X) -> None:
+    """Raise DataError naming the file, its line, the feature index as written there and the value when
+    ``X`` (loaded from ``path``) holds NaN, +-Inf or a value beyond :data:`DATA_ABS_MAX`."""
+    bad = _first_bad(X)
+    if bad is None:
+        return
+    r, c, v = bad
+    where = f"sample {r} (row {r}), column {c} of the loaded matrix"
+    found = _libsvm_line(path, r)
+    if found is not None:
+        lineno, text = found
+        feature = None
+        for tok in text.split()[1:]:
+            idx, sep, val = tok.partition(":")
+            if sep and idx != "qid":
+                try:
+                    fv = float(val)
+                except ValueError:
+                    continue
+                if fv == v or (np.isnan(v) and np.isnan(fv)):
+                    feature = idx
+                    break
+        where = f"line {lineno} (sample {r}), " + (f"feature {feature}" if feature is not None else f"column {c}")
+    what = f"a non-finite value ({v})" if not np.isfinite(v) else f"the value {v:g}"
+    raise DataError(f"LIBSVM file {path!r}, {where}: holds {what} at (row, column) = ({r}, {c}): "
+                    f"{_bad_value_text(v)}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,8 +162,8 @@ class Dataset:
     - ``name``: the data-set name (``"breast_cancer"``, ``"digits"``, ``"libsvm"``, ...).
     - ``source``: a human-readable provenance string (loader, file path, generator parameters).
 
-    Construction validates shapes, dtypes, label range and finiteness: a bad field raises
-    :class:`DataError` naming it (NaN/Inf: the first bad ``(row, column)``).
+    Construction validates shapes, dtypes, label range and values: a bad field raises
+    :class:`DataError` naming it (NaN/Inf or a value beyond :data:`DATA_ABS_MAX`: the first bad ``(row, column)``).
     """
 
     X: np.ndarray | sp.csr_matrix
@@ -169,6 +240,7 @@ def _load_libsvm(path) -> tuple[sp.csr_matrix, np.ndarray, int, str]:
     classes, y = np.unique(y_raw, return_inverse=True)
     X = sp.csr_matrix(X, dtype=np.float64)
     X.sort_indices()
+    _check_libsvm_values(path, X)
     return X, y.astype(np.int64).ravel(), int(classes.size), (
         f"LIBSVM file {path} via sklearn.datasets.load_svmlight_file; labels {classes.tolist()[:10]}"
         f"{'...' if classes.size > 10 else ''} -> 0..{classes.size - 1}"
@@ -218,7 +290,8 @@ def load_dataset(
     Returns a :class:`Dataset`. Raises :class:`ConfigError` for an unknown name or out-of-range
     ``n_max``/``d``/``n``/``seed``, :class:`DataError` for a missing or malformed file (the message
     names the path and, for a malformed one, gives the loader's message on one line) and for NaN/Inf
-    in X (naming the data set and the first bad ``(row, column)``).
+    or a value beyond :data:`DATA_ABS_MAX` (1e100) in X (naming the data set and the first bad
+    ``(row, column)``; for a LIBSVM file also its line and the feature index as written there).
     """
     if name not in DATASETS:
         raise ConfigError(f"unknown data set {name!r}: valid {', '.join(DATASETS)}")

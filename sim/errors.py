@@ -18,7 +18,20 @@ class DataError(SparsimError):
 
 
 class NonFiniteError(SparsimError):
-    """A gradient, accumulator or parameter became NaN/Inf; the message names worker and iteration."""
+    """A gradient, accumulator or parameter became NaN/Inf, or a run diverged (a value beyond
+    :data:`DIVERGENCE_LIMIT`); the message names the iteration, the algorithm (and the worker where one is to blame)."""
+
+
+class ResourceError(SparsimError):
+    """A run would not fit this machine: its memory estimate exceeds the available memory, or its estimated
+    work exceeds the documented limit without ``--yes``; the message names the estimate and the limit."""
+
+
+#: Largest magnitude a run lets a loss, a norm (||grad f||, ||G_t||, ||residual||) or one coordinate of a
+#: gradient or error-feedback accumulator reach before it stops as diverged: squares of values beyond about
+#: 1.3e154 overflow float64 (max 1.8e308), and at 1e100 a norm squared (<= 1e200) summed over up to 10^7
+#: coordinates and 65,536 workers still stays finite, so no overflow warning or inf can precede the error.
+DIVERGENCE_LIMIT = 1e100
 
 
 def range_text(name: str, lo=None, hi=None, lo_open: bool = False, hi_open: bool = False) -> str:

@@ -15,7 +15,7 @@ Topologies (:class:`Network`): ``"star"`` (a non-blocking switch; rank ``p`` has
 ``p -> switch`` and a downlink ``switch -> p``), ``"ring"`` (bidirectional ring, shortest
 direction, ties clockwise) and ``"direct"`` (full mesh, one link per ordered pair).
 
-Closed-form references: ``/work/shared/COSTS.md`` (Thakur, Rabenseifner and Gropp 2005; nccl-tests
+Closed-form references: ``docs/costs.md`` (Thakur, Rabenseifner and Gropp 2005; nccl-tests
 ``PERFORMANCE.md`` for :func:`busbw`).
 """
 from __future__ import annotations
@@ -71,6 +71,12 @@ def _ceil_quanta(x: float) -> int:
     return int(math.ceil(x))
 
 
+#: Largest time quantum (s) a flat network accepts: 1 us. ASTRA-sim's is 1 ns; coarser quanta truncate every
+#: hop of a fast fabric (1-5 us of NVLink / InfiniBand latency) by up to its whole length. A hop that a
+#: quantum still truncates to 0 while its exact time is not 0 raises SparsimError when it is simulated.
+MAX_QUANTUM_S = 1e-6
+
+
 @dataclass(frozen=True)
 class NetworkSpec:
     """Homogeneous link parameters and topology of a simulated cluster network.
@@ -79,7 +85,8 @@ class NetworkSpec:
         topology: ``"star"``, ``"ring"`` or ``"direct"`` (see :class:`Network`).
         link_latency_s: per-hop propagation/processing latency in seconds, finite, >= 0.
         link_bandwidth_Bps: per-direction link bandwidth in bytes/s, finite, > 0.
-        quantum_s: time quantum in seconds, finite, >= 0. ``0`` keeps exact float time. With
+        quantum_s: time quantum in seconds, finite, 0 <= quantum_s <= 1e-6 (:data:`MAX_QUANTUM_S`). ``0``
+            keeps exact float time. With
             ``quantum_s > 0`` each hop's link hold time ``nbytes / bw`` and its delay
             ``latency + nbytes / bw`` are *truncated* to whole quanta, as ASTRA-sim's
             congestion-aware backend does (``static_cast<EventTime>`` of nanoseconds when
@@ -87,7 +94,9 @@ class NetworkSpec:
             ``floor(500 + 19531.25) = 20031`` ns per hop. Event times are snapped to the
             ``quantum_s`` grid so they do not drift; a message handed to a link between grid
             points starts at the next grid point. (Truncation, not rounding up: rounding up
-            would give 20032 ns, not ASTRA-sim's 20031 ns.)
+            would give 20032 ns, not ASTRA-sim's 20031 ns.) A hop whose delay the truncation makes 0 while
+            ``latency + nbytes / bw`` is not raises SparsimError when it is simulated (the message would
+            arrive in no time).
 
     Raises:
         ConfigError: an unknown topology, or a value out of its range (the message names it).
@@ -105,7 +114,7 @@ class NetworkSpec:
             )
         _check_real("link_latency_s", self.link_latency_s, 0)
         _check_real("link_bandwidth_Bps", self.link_bandwidth_Bps, 0, lo_open=True)
-        _check_real("quantum_s", self.quantum_s, 0)
+        _check_real("quantum_s", self.quantum_s, 0, MAX_QUANTUM_S)
 
     @classmethod
     def from_alpha_beta(
@@ -151,7 +160,7 @@ class NetworkSpec:
 #: :meth:`NetworkSpec.from_alpha_beta`; Gb/s = 1e9 bits/s, 1 byte = 8 bits).
 #:
 #: - ``"1GbE"``: alpha = 0.436e-3 s, beta = 9e-9 s/byte (about 0.89 Gb/s effective), fitted from the
-#:   gTop-k authors' released ICDCS 2019 scripts on their 1 Gb/s Ethernet cluster (COSTS.md).
+#:   gTop-k authors' released ICDCS 2019 scripts on their 1 Gb/s Ethernet cluster (docs/costs.md).
 #: - ``"10GbE"``: alpha = 50e-6 s, beta = 8 / (0.9 * 10e9) s/byte (about 8.89e-10, i.e. 9 Gb/s
 #:   effective). Assumption, not a measurement: 10 Gb/s line rate at 90% efficiency (close to the
 #:   89% the 1GbE fit shows for TCP/MPI), and a 50 us small-message latency typical of kernel TCP
@@ -429,6 +438,12 @@ class Network:
         hold, delay = self._hop_quanta(nbytes)
         q = self._q
         if q > 0:
+            if delay == 0 and (self._latency > 0 or nbytes > 0):
+                exact = self._latency + nbytes / self._bw
+                raise SparsimError(
+                    f"quantum_s = {q:g} s truncates a {nbytes}-byte message's hop (rank {src} -> {dst}, latency "
+                    f"{self._latency:.3g} s + {nbytes / self._bw:.3g} s of transfer = {exact:.3g} s) to 0: valid "
+                    f"quantum_s <= {exact:.3g} s (the shortest hop simulated), or quantum_s = 0 (exact time)")
             hold_s = hold * q
             for key in path:
                 now = env.now

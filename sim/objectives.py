@@ -4,7 +4,7 @@ Layer: bottom (``objectives and data``); imports only ``sim.errors`` and ``sim.d
 
 Every objective exposes the full loss and gradient, the MEAN gradient / loss over a batch of sample
 indices, per-sample gradient norms, a default start point, and the constants the convergence bounds of
-THEORY.md need (section 4: L-smoothness, per-sample second-moment bound M^2, and a lower bound on
+docs/theory.md need (section 4: L-smoothness, per-sample second-moment bound M^2, and a lower bound on
 f* = inf f), each labelled ``analytic`` (a proven bound evaluated on the instance), ``estimated``
 (measured, not a proof) or ``unknown``.
 
@@ -188,7 +188,7 @@ class Objective:
         raise NotImplementedError
 
     def constants(self) -> dict:
-        """Constants for the bounds of THEORY.md section 4, as ``{key: {"value", "how", "note"}}``.
+        """Constants for the bounds of docs/theory.md section 4, as ``{key: {"value", "how", "note"}}``.
 
         Keys: ``"L"`` (smoothness constant valid for f AND every f_i), ``"M"`` (bound on the per-sample
         gradient norm ||grad f_i(x)||, so M^2 bounds the second moment; ``None`` when unbounded on R^d),

@@ -19,10 +19,26 @@ from .cluster import SimCluster
 from .compute import ComputeModel
 from .data import minibatch
 from .drivers import run_lockstep
-from .errors import NonFiniteError, check_range
+from .errors import DIVERGENCE_LIMIT, NonFiniteError, SparsimError, check_range
 from .network import NetworkSpec
 
-__all__ = ["METRIC_COLUMNS", "Workers", "run_algorithm", "StepStats", "step_stats", "MetricsRecorder"]
+__all__ = ["METRIC_COLUMNS", "Workers", "run_algorithm", "StepStats", "step_stats", "MetricsRecorder", "CLOCK_RTOL",
+           "ARRAYS_PER_RANK", "ARRAYS_SHARED"]
+
+#: The clock a run reports must resolve every iteration: the float64 spacing of the clock's value
+#: (``math.ulp(sim_time_s)``) at most CLOCK_RTOL x ``iter_time_s``, so that rounding the clock moves no step of an
+#: iteration by more than a millionth of it; a positive iteration whose clock did not move (every duration
+#: absorbed by a clock far larger) also fails. Runs whose times stay within 10^9 of each other never come
+#: near it (the clock is at most the number of iterations times the longest one).
+CLOCK_RTOL = 1e-6
+
+#: Memory of a simulated run, measured (tracemalloc, every algorithm, P = 1..32, d = 10^4..10^6): at most
+#: 11.2 float64 vectors of d per simulated worker at the peak (its parameters and residual, the step's
+#: gradient, accumulator, update, new parameters and residual, the collective's buffers, and the finished step
+#: kept until every worker has finished that iteration) plus about 3 shared (the metrics' sums, the auxiliary
+#: sequence); the estimate rounds up to these counts.
+ARRAYS_PER_RANK = 12
+ARRAYS_SHARED = 8
 
 #: Column order of metrics.csv; units in the README.
 METRIC_COLUMNS = (
@@ -56,7 +72,7 @@ class Workers:
 class StepStats:
     """Global quantities of one iteration computed from all workers' outputs.
 
-    Norms are float; delta is None for dense (Assumption 1 ratio, THEORY.md section 4).
+    Norms are float; delta is None for dense (Assumption 1 ratio, docs/theory.md section 4).
     mean_grad: G_t = (1/P) sum_p G_p and mean_residual: eps_t = (1/P) sum_p eps_p, float arrays (d,).
     segment_mass_errors: float array (B,), entry b = max_{i in segment b} |sum_p acc_p - g - sum_p eps_p|_i
     over the segments of ``spec.segment_bounds(d)`` (B = 1, the whole vector, without segments).
@@ -136,6 +152,12 @@ class MetricsRecorder:
     rows have one definition. objective: the :class:`sim.objectives.Objective` (loss, full_grad).
     T, lr, x0, eval_every, on_row, on_step: as in :func:`run_algorithm`. Creating it evaluates the
     objective at x0 and emits row 0. Attributes: ``rows`` (list of dicts, :data:`METRIC_COLUMNS`).
+
+    Nothing it reports is silently wrong: NonFiniteError when the loss or ||grad f|| at x0 is not finite or
+    beyond :data:`~sim.errors.DIVERGENCE_LIMIT` (1e100; the data or the objective's parameters are to blame),
+    and when an iteration's loss, ||grad f||, ||G_t|| or ||residual|| is (the run diverged: the message names
+    the iteration, the algorithm and the values, and suggests a smaller step size); SparsimError when a time
+    or byte count is not finite or the clock cannot resolve an iteration (:data:`CLOCK_RTOL`).
     """
 
     def __init__(self, spec: AlgorithmSpec, objective, *, T: int, lr: Callable[[int], float], x0: np.ndarray,
@@ -145,12 +167,19 @@ class MetricsRecorder:
         self.on_row, self.on_step = on_row, on_step
         self.rows: list[dict] = []
         self.d = x0.shape[0]
-        # the auxiliary sequence x_t = x_{t-1} - alpha_t G_t (THEORY.md section 3). v_t has applied only what
-        # reached g, so v_t = x_t + eps_t: THEORY.md writes x_t - v_t = eps_t, the sign is the other way round
+        # the auxiliary sequence x_t = x_{t-1} - alpha_t G_t (docs/theory.md section 3). v_t has applied only what
+        # reached g, so v_t = x_t + eps_t (docs/theory.md section 3; eq. (9) of the IJCAI paper)
         # (the norm ||x_t - v_t|| = ||eps_t|| that the bounds use is the same).
         self.x_aux = x0.copy()
-        g0 = objective.full_grad(x0)
-        self._emit(_row(spec, 0, math.nan, 0.0, 0.0, np.zeros(3), objective.loss(x0), float(g0 @ g0), None, 0.0, 0.0))
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below
+            g0 = objective.full_grad(x0)
+            loss0, gn0 = objective.loss(x0), float(g0 @ g0)
+        if not (abs(loss0) <= DIVERGENCE_LIMIT and gn0 <= DIVERGENCE_LIMIT ** 2):
+            raise NonFiniteError(
+                f"at the initial point (iteration 0) of {spec.label}: loss = {loss0:.4g}, ||grad f||^2 = {gn0:.4g} "
+                f"(valid: finite, |loss| and ||grad f|| <= {DIVERGENCE_LIMIT:g}); no step has been taken, so the "
+                "data or the objective's parameters are out of range (check the data's magnitudes, data.lam, data.mu)")
+        self._emit(_row(spec, 0, math.nan, 0.0, 0.0, np.zeros(3), loss0, gn0, None, 0.0, 0.0))
         self._prev_time = 0.0
         self._prev_busy = None
         self._prev_bytes = None
@@ -180,25 +209,48 @@ class MetricsRecorder:
         v = outs[0].v
         eps = st.mean_residual
         aux_gap = float(np.max(np.abs((v - self.x_aux) - eps))) if d else 0.0  # v_t - x_t = eps_t
+        lim, lim_sq = DIVERGENCE_LIMIT, DIVERGENCE_LIMIT ** 2
         if self._evaluate(t):
             with np.errstate(over="ignore", invalid="ignore"):
                 gf = obj.full_grad(v)
                 loss, gn = obj.loss(v), float(gf @ gf)
-            diverged = not (math.isfinite(loss) and math.isfinite(gn))
+            diverged = not (abs(loss) <= lim and gn <= lim_sq)  # NaN fails too
         else:
             loss = gn = math.nan
             diverged = False
-        if diverged or not (math.isfinite(st.residual_norm_sq) and math.isfinite(st.stoch_grad_norm_sq)):
+        if diverged or not (st.residual_norm_sq <= lim_sq and st.stoch_grad_norm_sq <= lim_sq):
             raise NonFiniteError(
-                f"the run diverged at iteration {t} of {spec.label}: loss = {loss}, ||grad f||^2 = {gn}, "
-                f"||residual||^2 = {st.residual_norm_sq}, ||G_t||^2 = {st.stoch_grad_norm_sq} (valid: finite); "
-                "lower training.lr")
+                f"the run diverged at iteration {t} of {spec.label}: loss = {loss:.4g}, ||grad f||^2 = {gn:.4g}, "
+                f"||residual||^2 = {st.residual_norm_sq:.4g}, ||G_t||^2 = {st.stoch_grad_norm_sq:.4g} (valid: finite, "
+                f"|loss| and the norms <= {lim:g}); lower training.lr")
         dbusy = (busy - self._prev_busy).mean(axis=0)
         dbytes = float((bytes_sent - self._prev_bytes).mean())
-        row = _row(spec, t, lr(t), now, now - self._prev_time, dbusy, loss, gn, st, dbytes, aux_gap)
+        dt = now - self._prev_time
+        _check_clock(spec, t, now, dt, dbusy, dbytes)
+        row = _row(spec, t, lr(t), now, dt, dbusy, loss, gn, st, dbytes, aux_gap)
         self._prev_time, self._prev_busy, self._prev_bytes = now, busy.copy(), bytes_sent.copy()
         self._emit(row)
         return row
+
+
+def _check_clock(spec: AlgorithmSpec, t: int, now: float, dt: float, dbusy: np.ndarray, dbytes: float) -> None:
+    """Raise SparsimError unless iteration t's clock (now, s), its length dt (s), its time split dbusy (s) and
+    bytes dbytes are finite and non-negative and the clock resolves the iteration (:data:`CLOCK_RTOL`)."""
+    values = (now, dt, dbytes, *(float(x) for x in dbusy))
+    if not all(math.isfinite(x) and x >= 0 for x in values):
+        raise SparsimError(
+            f"iteration {t} of {spec.label}: a time or byte count is not finite and non-negative (clock {now:.4g} s, "
+            f"iteration {dt:.4g} s, compute / compress / comm {', '.join(f'{x:.4g}' for x in dbusy)} s, "
+            f"{dbytes:.4g} bytes): valid finite values >= 0; a model duration overflowed (check compute.* and "
+            "cluster.*)")
+    spacing = math.ulp(now)
+    if (dt == 0 and now > 0) or spacing > CLOCK_RTOL * dt > 0:
+        raise SparsimError(
+            f"iteration {t} of {spec.label}: the simulated clock at {now:.4g} s cannot resolve the iteration's "
+            f"{dt:.4g} s (float64 spacing there {spacing:.3g} s; valid: at most {CLOCK_RTOL:g} x the iteration "
+            "time): the run's durations span too many orders of magnitude for one clock; lower "
+            "training.iterations or the longest durations (compute.forward_backward_s, straggler_factor, "
+            "jitter_scale; cluster.bandwidth_Bps)")
 
 
 def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable[[int], float], x0: np.ndarray,
@@ -212,8 +264,11 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
     (numerics only; time columns are 0). eval_every: compute loss and grad_norm_sq of the full
     objective every this many iterations (and at the first and last); other rows leave them empty (nan).
     on_row(row) is called after each row (progress bars); on_step(t, outs) sees the raw outputs (tests).
-    Row 0 holds the initial point. Raises SparsimError for bad T, k, P or eval_every, and NonFiniteError
-    naming worker and iteration if a gradient becomes NaN/Inf.
+    Row 0 holds the initial point. Raises SparsimError for bad T, k, P or eval_every, NonFiniteError
+    naming worker and iteration if a gradient becomes NaN/Inf, naming the iteration, the algorithm and the
+    value when the run diverges (:data:`sim.errors.DIVERGENCE_LIMIT`), and SparsimError when the clock cannot
+    resolve an iteration (:class:`MetricsRecorder`) or a time quantum truncates a hop to 0
+    (:class:`sim.network.NetworkSpec`).
     """
     P = len(workers.shards)
     check_range("P", P, 1)

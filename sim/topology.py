@@ -11,7 +11,7 @@ link (the end there plus that link's latency); the head moves on at ``start + la
 arrived when its last byte has crossed the last link (``end + latency``). Alone on a path the message costs
 the sum of the latencies plus n / (the smallest bandwidth). Messages queue at a link in order of head
 arrival. So G ranks that send m bytes each through one shared NIC at once finish at alpha_e + G m beta_e,
-and alone or on their own NICs at alpha_e + m beta_e (COSTS.md's hand check). (The flat
+and alone or on their own NICs at alpha_e + m beta_e (docs/costs.md's hand check). (The flat
 :class:`sim.network.NetworkSpec` keeps ASTRA-sim's store-and-forward rule, whose exact values it is tested on.)
 
 - **Intra-node fabric** (``intra``): each GPU has one port into the node's fabric, an up link
@@ -287,7 +287,7 @@ class ClusterSpec:
 #:   per direction (TechPowerUp GPU database: P102-100, bus interface PCIe 1.0 x4), so beta_i = 1 ns/byte;
 #:   alpha_i = 10 us (assumption: a staged cudaMemcpy through host memory). One 1 Gb/s Ethernet NIC per
 #:   node; the inter-node path (which with PCIe includes both PCIe crossings) keeps the end-to-end 1GbE fit
-#:   of the released scripts, alpha = 0.436 ms and beta = 9 ns/byte (COSTS.md), so the NIC's own latency is
+#:   of the released scripts, alpha = 0.436 ms and beta = 9 ns/byte (docs/costs.md), so the NIC's own latency is
 #:   alpha_e = 0.426 ms and its bandwidth 1 / 9 ns/byte (the pipelined path is paced by the slower link).
 #: - ``"v100-25GbE"``: the MSTopK paper's cloud setting (Shi et al., "Towards scalable distributed training of
 #:   deep learning on public cloud clusters", MLSys 2021): nodes of 8 V100 with NVLink inside and one

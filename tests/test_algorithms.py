@@ -46,7 +46,7 @@ def _one_step(spec, accs, residuals=None, lr=1.0):
 @settings(deadline=None)
 @given(accumulators(), st.sampled_from(SPARSE_SPECS))
 def test_mass_conservation_every_algorithm(case, which):
-    """sum_p acc_p = g + sum_p eps_p, for hypothesis accumulators with ties and zeros, any P (THEORY.md 1-2)."""
+    """sum_p acc_p = g + sum_p eps_p, for hypothesis accumulators with ties and zeros, any P (docs/theory.md 1-2)."""
     P, d, k, acc = case
     name, coll, mask = which
     spec = AlgorithmSpec(name, k=k, collective=coll, mask=mask)
@@ -166,7 +166,7 @@ def _workers(P, b=4, seed=0, name="softmax"):
                                   AlgorithmSpec("gtopk", k=7, collective="recursive_doubling")])
 @pytest.mark.parametrize("P", [1, 3, 4])
 def test_aux_sequence_identity_and_mass_over_a_run(spec, P):
-    """v_t - x_t = mean residual exactly (THEORY.md section 3 up to its sign) and mass is conserved at every step."""
+    """v_t - x_t = mean residual exactly (docs/theory.md section 3) and mass is conserved at every step."""
     obj, w = _workers(P)
     rows = run_algorithm(spec, w, T=30, lr=lambda t: 0.5, x0=obj.x0(0), driver="lockstep", eval_every=10)
     assert max(r["aux_gap"] for r in rows) < 1e-12

@@ -117,7 +117,7 @@ def test_existing_output_directory_is_not_overwritten(tmp_path):
 def test_predict_closed_forms():
     r = _run(["predict", "--P", "32,128", "--d", "25000000", "--density", "0.001"])
     assert r.exit_code == 0
-    # COSTS.md: modelled gTop-k (tree) vs Top-k at 25M parameters, density 0.001, 1 GbE: 23 ms vs 61 ms at P = 32
+    # docs/costs.md: modelled gTop-k (tree) vs Top-k at 25M parameters, density 0.001, 1 GbE: 23 ms vs 61 ms at P = 32
     line32 = [ln for ln in r.output.splitlines() if ln.strip().startswith("32 ")][0].split()
     assert float(line32[3]) == pytest.approx(57.980, abs=1e-3)  # allgather: 5 alpha + 31 k 8 beta
     assert float(line32[4]) == pytest.approx(22.501, abs=1e-3)  # gTop-k tree: 2 lg P (alpha + k 8 beta) + mask bytes

@@ -1,4 +1,4 @@
-"""Message-level collectives on the SimPy network equal their closed forms (COSTS.md)."""
+"""Message-level collectives on the SimPy network equal their closed forms (docs/costs.md)."""
 import numpy as np
 import pytest
 

@@ -36,7 +36,7 @@ def test_hierarchical_collectives_equal_their_closed_forms(N, G):
     xs = rng.standard_normal((P, d))
     res, fin = SimCluster(P, cs).run_programs([C.hier_allreduce(r, P, G, xs[r]) for r in range(P)])
     assert fin.max() == pytest.approx(costs.hier_allreduce_time(N, G, d, *_ab(cs)), rel=REL)
-    if N > 1 and G > 1:  # COSTS.md's form with n = 4 d bytes
+    if N > 1 and G > 1:  # docs/costs.md's form with n = 4 d bytes
         ai, bi, ae, be = _ab(cs)
         n = 4 * d
         assert fin.max() == pytest.approx(2 * (G - 1) * (ai + n / G * bi) + 2 * (N - 1) * (ae + n / (G * N) * be),
@@ -79,7 +79,7 @@ def _off_node_burst(cs, G, m):
 
 @pytest.mark.parametrize("G", [1, 2, 4, 8])
 def test_shared_nic_serialises_and_rails_do_not(G):
-    """COSTS.md hand check: G ranks of one node sending m bytes off-node at once through one shared NIC: the
+    """docs/costs.md hand check: G ranks of one node sending m bytes off-node at once through one shared NIC: the
     last finishes at alpha_e + G m beta_e; with one NIC per GPU all finish at alpha_e + m beta_e."""
     alpha, beta, m = 0.436e-3, 9e-9, 1_000_000  # 1 GbE
     shared = ClusterSpec(2, G, "nvswitch", 5e-6, 100e9, alpha, 1 / beta, nics_per_node=1)

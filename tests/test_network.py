@@ -1,7 +1,7 @@
 """Tests of sim.network (SimPy link model) and sim.compute (compute model) against exact values.
 
 Oracles: ASTRA-sim congestion-aware backend integer-ns values and the alpha-beta closed forms
-(/work/shared/COSTS.md), nccl-tests busbw convention.
+(docs/costs.md), nccl-tests busbw convention.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Property tests of the compression operators and of Assumption 1 / Lemma 2 (THEORY.md sections 1, 4, 5).
+"""Property tests of the compression operators and of Assumption 1 / Lemma 2 (docs/theory.md sections 1, 4, 5).
 
 - TopK is a k-contraction for every x (checked in exact rational arithmetic and in float64), keeps
   min(k, nnz(x)) entries, and picks the k largest |x_i| with ties to the lower index.

@@ -2,7 +2,7 @@
 Lemma 2 along simulated trajectories, schedule bounds, optimal eta and the CLI helpers.
 
 References: Shi et al., IJCAI 2019 (gTop-k convergence) and Stich et al. 2018 (Mem-SGD), as restated
-in shared/THEORY.md.
+in docs/theory.md.
 """
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ def test_ratio_at_eta_one_over_c():
 
 
 def test_corrected_corollary2_first_term_is_LM2theta_sqrtB_over_sqrtT():
-    # THEORY.md sec. 5: with m2 = M^2 the first term becomes L M^2 theta sqrt(B)/sqrt(T).
+    # docs/theory.md sec. 5: with m2 = M^2 the first term becomes L M^2 theta sqrt(B)/sqrt(T).
     e = BOUNDS["corollary2_corrected"].expr.subs({sy.f0_minus_fstar: 0, sy.tau: 0})
     assert sp.simplify(e - sy.L * sy.M**2 * sy.theta * sp.sqrt(sy.B) / sp.sqrt(sy.T)) == 0
 

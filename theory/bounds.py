@@ -1,6 +1,6 @@
 """Registry of the convergence bounds of gTop-k S-SGD and Mem-SGD, in sympy and in plain floats.
 
-Sources (see ``shared/THEORY.md``, which restates both papers because the seed text lost its
+Sources (see ``docs/theory.md``, which restates both papers because the seed text lost its
 displayed equations):
 
 - [gTopk] S. Shi, K. Zhao, Q. Wang, Z. Tang, X. Chu, "A Convergence Analysis of Distributed SGD with
@@ -10,7 +10,7 @@ displayed equations):
   Theorem 2.4 (eq. (9)), Lemma 3.2, Lemma 3.3.
 
 Where the paper's second-moment step E||G_t||^2 <= M^2/B does not follow from its assumptions
-(THEORY.md section 4), every bound it enters comes in two variants: ``"published"`` (m2 = M^2/B)
+(docs/theory.md section 4), every bound it enters comes in two variants: ``"published"`` (m2 = M^2/B)
 and ``"corrected"`` (m2 = M^2).
 
 Index convention (fixed here, the seed is ambiguous): iterations t = 1..T use steps alpha_1..alpha_T;
@@ -120,7 +120,7 @@ def _fail(name: str, value, valid: str):
 def param_range_text(name: str) -> str:
     """Return the default valid range of parameter ``name`` as text, e.g. ``"0 < eta"``.
 
-    Source: THEORY.md sections 4-6 (ranges of the constants of the gTop-k paper, IJCAI 2019, and of
+    Source: docs/theory.md sections 4-6 (ranges of the constants of the gTop-k paper, IJCAI 2019, and of
     Stich et al. 2018, Thm 2.4). ``integer`` is prefixed for integer parameters (d, k, P, B, T, t).
     Bound-specific rules (k <= d, eta < k/(d-k), c > 1, the Mem-SGD condition on a) come on top.
 
@@ -256,7 +256,7 @@ class Bound:
     def validate(self, values: Mapping[str, object]) -> dict[str, int | float]:
         """Check ``values`` against :attr:`params` and their ranges; return them as ints/floats.
 
-        Rules (THEORY.md sections 4-6): integers d >= 1, 1 <= k <= d (k < d where the bound needs
+        Rules (docs/theory.md sections 4-6): integers d >= 1, 1 <= k <= d (k < d where the bound needs
         gamma > 0), P >= 1, B >= 1, T >= 1, t >= 0; eta > 0, and 0 < eta < k/(d-k) (tau < 1) where the
         bound needs it; theta, L, alpha, mu, S1, S2 > 0; M, delta, D, G, ... >= 0; c >= 1 (> 1 where
         noted); Mem-SGD: alpha_m > 4, a > 1, (alpha_m+1) d/k + rho/(rho+1) <= a, L >= mu.
@@ -486,7 +486,7 @@ _GT = "Shi et al., IJCAI 2019"
 _MS = "Stich, Cordonnier & Jaggi, NeurIPS 2018 (Sparsified SGD with Memory)"
 _M2_TEXT = {
     "published": "second moment E||G_t||^2 <= M^2/B as printed (eq. (12)), which does not follow from the assumptions",
-    "corrected": "second moment E||G_t||^2 <= M^2 (corrected; THEORY.md section 4)",
+    "corrected": "second moment E||G_t||^2 <= M^2 (corrected; docs/theory.md section 4)",
 }
 _OPT_C = {"c": _Spec(False, 1, True)}
 
@@ -499,7 +499,7 @@ def _build() -> dict[str, Bound]:
 
     add(Bound(
         name="lemma1",
-        source=f"{_GT}, Assumption 1 and Lemma 1 (RandK identity of Stich et al. 2018); THEORY.md sec. 5",
+        source=f"{_GT}, Assumption 1 and Lemma 1 (RandK identity of Stich et al. 2018); docs/theory.md sec. 5",
         description="||sum_p x_p - gTopK(x_1..x_P)||^2 <= (1 - k/d) ||sum_p x_p||^2 under Assumption 1",
         expr=_g * sy.S,
         params=("d", "k", "S"),
@@ -509,7 +509,7 @@ def _build() -> dict[str, Bound]:
     ))
     add(Bound(
         name="lemma2_step",
-        source=f"{_GT}, Lemma 2, one step (Young's inequality); THEORY.md sec. 5",
+        source=f"{_GT}, Lemma 2, one step (Young's inequality); docs/theory.md sec. 5",
         description="one step of the averaged residual: ||eps_{t+1}||^2 with measured Assumption-1 ratio delta_t",
         expr=sy.delta * _g * ((1 + _eta) * sy.E_t + (1 + 1 / _eta) * sy.alpha**2 * sy.G2),
         params=("d", "k", "eta", "delta", "E_t", "alpha", "G2"),
@@ -554,7 +554,7 @@ def _build() -> dict[str, Bound]:
         ))
         add(Bound(
             name=f"theorem1_{v}",
-            source=f"{_GT}, Theorem 1 with condition (18) (constant D); {_M2_TEXT[v]}; THEORY.md sec. 5",
+            source=f"{_GT}, Theorem 1 with condition (18) (constant D); {_M2_TEXT[v]}; docs/theory.md sec. 5",
             description="(sum_t alpha_t E||grad f(v_{t-1})||^2) / (sum_t alpha_t) for a schedule satisfying (18)",
             expr=_thm1_expr(v),
             params=("d", "k", "eta", "L", "M", *bp, "f0_minus_fstar", "D", "S1", "S2"),
@@ -597,7 +597,7 @@ def _build() -> dict[str, Bound]:
         ))
     add(Bound(
         name="memsgd_theorem24",
-        source=f"{_MS}, Theorem 2.4, eq. (9), with S_T of Lemma 3.3; THEORY.md sec. 6",
+        source=f"{_MS}, Theorem 2.4, eq. (9), with S_T of Lemma 3.3; docs/theory.md sec. 6",
         description="E f(x_bar_T) - f* for Mem-SGD, eta_t = 8/(mu(a+t)), weights w_t = (a+t)^2, t = 0..T-1",
         expr=_MEMSGD_THM24_EXPR,
         params=("d", "k", "T", "a", "G", "mu", "L", "x0_minus_xstar_sq", "alpha_m"),
@@ -608,7 +608,7 @@ def _build() -> dict[str, Bound]:
     ))
     add(Bound(
         name="memsgd_lemma32",
-        source=f"{_MS}, Lemma 3.2 (memory bound), eta_t = 8/(mu(a+t)); THEORY.md sec. 6",
+        source=f"{_MS}, Lemma 3.2 (memory bound), eta_t = 8/(mu(a+t)); docs/theory.md sec. 6",
         description="E||m_t||^2, the Mem-SGD memory at iteration t",
         expr=_MEMSGD_L32_EXPR,
         params=("d", "k", "t", "a", "G", "mu", "alpha_m"),
@@ -647,7 +647,7 @@ def _real(name: str, x, lo=None, lo_open=False, hi=None, hi_open=False) -> float
 def lemma2_unrolled_schedule(alphas: Sequence[float], G2s: Sequence[float], gamma: float, eta: float) -> float:
     """Unrolled Lemma 2 on an actual schedule: bound on ||eps_n||^2 after n = len(alphas) steps.
 
-    Source: Shi et al., IJCAI 2019, Lemma 2 (unrolled from eps_0 = 0), THEORY.md section 5:
+    Source: Shi et al., IJCAI 2019, Lemma 2 (unrolled from eps_0 = 0), docs/theory.md section 5:
     ||eps_n||^2 <= (1 + 1/eta) gamma sum_{i=1}^{n} tau^(n-i) alpha_i^2 ||G_i||^2, tau = gamma (1+eta)
     (pathwise when every delta_i <= 1; in expectation with E||G_i||^2 in place of ||G_i||^2).
 
@@ -675,7 +675,7 @@ def lemma2_unrolled_schedule(alphas: Sequence[float], G2s: Sequence[float], gamm
 def condition18_D(alphas: Sequence[float], tau: float) -> float:
     """Smallest D of condition (18) for a given schedule: max_t (1/alpha_t) sum_{i<t} tau^(t-i) alpha_i^2.
 
-    Source: Shi et al., IJCAI 2019, Theorem 1, condition (18); THEORY.md section 5. For a constant
+    Source: Shi et al., IJCAI 2019, Theorem 1, condition (18); docs/theory.md section 5. For a constant
     step alpha this is alpha tau (1 - tau^(T-1))/(1 - tau) < alpha tau/(1 - tau) (Corollary 2's D).
 
     ``alphas``: alpha_1..alpha_T ([x]/[g], each > 0, T >= 1); ``tau``: gamma (1 + eta) (>= 0; tau < 1
@@ -709,7 +709,7 @@ def theorem1_on_schedule(
 ) -> float:
     """Theorem 1's bound evaluated on an actual step schedule (no constant D).
 
-    Source: Shi et al., IJCAI 2019, Theorem 1 (proof before condition (18) is applied), THEORY.md
+    Source: Shi et al., IJCAI 2019, Theorem 1 (proof before condition (18) is applied), docs/theory.md
     section 5:
     (sum_t alpha_t E||grad f(v_{t-1})||^2) / (sum_t alpha_t)
       <= [2 (f(x_0) - f*) + L^2 sum_t alpha_t E||eps_{t-1}||^2 + L m2 sum_t alpha_t^2] / sum_t alpha_t,
@@ -794,7 +794,7 @@ def optimal_eta(c: float) -> OptimalEta:
     """The Young parameter eta minimising tau/(eta(1-tau)), the factor of Corollary 2's second term.
 
     Source: Shi et al., IJCAI 2019, Corollary 2 and Section 4.3 (the paper picks eta = 1/c, giving
-    c(c^2-1)); THEORY.md section 5. With gamma = 1 - 1/c and tau = gamma (1 + eta), the derivative's
+    c(c^2-1)); docs/theory.md section 5. With gamma = 1 - 1/c and tau = gamma (1 + eta), the derivative's
     root in 0 < eta < 1/(c-1) (solved with sympy) is eta* = sqrt(c/(c-1)) - 1, where tau = 1/sqrt(c/(c-1))
     and tau/(eta(1-tau)) = (c - 1 + sqrt(c(c-1)))^2 ~ 4c^2 (instead of ~c^3 at eta = 1/c).
 

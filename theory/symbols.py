@@ -4,10 +4,10 @@ Two papers share one namespace here:
 
 - gTop-k paper: S. Shi, K. Zhao, Q. Wang, Z. Tang, X. Chu, "A Convergence Analysis of Distributed SGD
   with Communication-Efficient Gradient Sparsification", IJCAI 2019 (seed ``000``; restated in
-  ``shared/THEORY.md`` sections 4-5). Symbols: ``P, d, k, c, gamma, eta, tau, L, M, B, T, theta, delta,
+  ``docs/theory.md`` sections 4-5). Symbols: ``P, d, k, c, gamma, eta, tau, L, M, B, T, theta, delta,
   f0_minus_fstar, D, alpha, S, E_t, G2, m2, S1, S2, t``.
 - Mem-SGD: S. U. Stich, J.-B. Cordonnier, M. Jaggi, "Sparsified SGD with Memory", NeurIPS 2018
-  (seed ``002``; THEORY.md section 6). Symbols: ``mu, G, a, alpha_m, rho, eta_t, S_T,
+  (seed ``002``; docs/theory.md section 6). Symbols: ``mu, G, a, alpha_m, rho, eta_t, S_T,
   x0_minus_xstar_sq`` (plus ``d, k, L, T, t`` shared with the above). ``alpha_m`` is Mem-SGD's
   alpha (> 4), not a step size; ``eta_t`` is Mem-SGD's step size, not the Young parameter ``eta``.
 
@@ -128,7 +128,7 @@ DEFINITIONS: dict[sp.Symbol, sp.Expr] = {
 def expand_definitions(expr: sp.Expr, names: tuple[str, ...] | None = None) -> sp.Expr:
     """Substitute the derived symbols of :data:`DEFINITIONS` by their definitions.
 
-    Source: THEORY.md sections 4-6 (gamma = 1 - k/d and tau = gamma(1+eta) from Lemma 2 of the
+    Source: docs/theory.md sections 4-6 (gamma = 1 - k/d and tau = gamma(1+eta) from Lemma 2 of the
     gTop-k paper, IJCAI 2019; eta_t, S_T and rho from Theorem 2.4 of Stich et al. 2018).
 
     ``expr``: a sympy expression. ``names``: the derived symbols to expand (e.g. ``("tau",)`` to
