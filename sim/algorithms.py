@@ -230,7 +230,8 @@ def _check_finite(arr: np.ndarray, what: str, rank: int, iteration: int, label: 
     NaN/Inf: the message names the worker, the iteration and the first bad coordinate. A finite entry beyond
     the limit: the run diverged; the message names the iteration, the algorithm ``label``, the worker, the
     coordinate and the value, and suggests a smaller step size. Only reads ``arr`` (two reductions)."""
-    if arr.size == 0 or (-DIVERGENCE_LIMIT <= arr.min() and arr.max() <= DIVERGENCE_LIMIT):  # NaN fails both
+    # as Python floats: compared with a float32 scalar the limit would be cast to float32 (inf)
+    if arr.size == 0 or (-DIVERGENCE_LIMIT <= float(arr.min()) and float(arr.max()) <= DIVERGENCE_LIMIT):  # NaN fails
         return
     finite = np.isfinite(arr)
     if not finite.all():

@@ -65,7 +65,7 @@ def _first_bad(X) -> tuple[int, int, float] | None:
     if sp.issparse(X):
         A = X.tocsr()
         data = A.data
-        if data.size == 0 or (-DATA_ABS_MAX <= data.min() and data.max() <= DATA_ABS_MAX):  # NaN fails both
+        if data.size == 0 or (-DATA_ABS_MAX <= float(data.min()) and float(data.max()) <= DATA_ABS_MAX):  # NaN fails
             return None
         bad = np.flatnonzero(~(np.abs(data) <= DATA_ABS_MAX))
         rows = np.searchsorted(A.indptr, bad, side="right") - 1
@@ -73,7 +73,7 @@ def _first_bad(X) -> tuple[int, int, float] | None:
         first = np.lexsort((cols, rows))[0]
         return int(rows[first]), int(cols[first]), float(data[bad[first]])
     A = np.asarray(X)
-    if A.size == 0 or (-DATA_ABS_MAX <= A.min() and A.max() <= DATA_ABS_MAX):
+    if A.size == 0 or (-DATA_ABS_MAX <= float(A.min()) and float(A.max()) <= DATA_ABS_MAX):
         return None
     r, c = (int(t) for t in np.argwhere(~(np.abs(A) <= DATA_ABS_MAX))[0])
     return r, c, float(A[r, c])
