@@ -322,8 +322,8 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
                 results = launch_local(sc.cluster.P, scenario_job, (sc.model_dump(),),
                                        timeout_s=timeout_s, backend=dist_backend,
                                        stall_timeout_s=sc.torch.stall_timeout_s or None)
-            except WorkerFailure as err:
-                (tmp / "error.txt").write_text(f"{err}\n")
+            except WorkerFailure as err:  # the terminal gets one line; error.txt also keeps the ranks' logs
+                (tmp / "error.txt").write_text(f"{err}\n" + (f"\n{err.log}" if err.log else ""))
                 tmp = None  # keep DIR.partial/error.txt as the record of the failure
                 raise
             rows = results[0]

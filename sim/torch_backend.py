@@ -78,7 +78,16 @@ BACKEND_ALLREDUCE = "backend_allreduce"
 
 
 class WorkerFailure(SparsimError):
-    """A rank raised, died, hung or timed out; the message names the rank (and what it waited on)."""
+    """A rank raised, died, hung or timed out; the message names the rank (and what it waited on).
+
+    ``log``: what the ranks wrote to their stderr (torch's c10d messages and C++ stack frames, Python
+    warnings) and the failed ranks' tracebacks, one section per rank ("" when there is none); kept off the
+    terminal, which shows only the one-line message, so a caller can record it (``sparsim run`` writes it to
+    ``DIR.partial/error.txt`` after the message)."""
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
 
 
 # progress of this rank, shared with launch_local (set in spawned ranks only): (times, iterations, rank)
@@ -600,6 +609,13 @@ def _child(rank: int, P: int, port: int, backend: str, timeout_s: float, target,
     progress: (shared double array of last-progress times, shared int array of iterations), by rank."""
     global _PROGRESS
     err_path = os.path.join(tmpdir, f"error_{rank}.txt")
+    # this rank's stderr (file descriptor 2: Python's warnings and tracebacks and torch's C++ c10d logging,
+    # which prints dozens of stack frames when a store or a peer times out) goes to a log file that
+    # launch_local hands to its caller, not to the user's terminal
+    sys.stderr.flush()
+    log_fd = os.open(os.path.join(tmpdir, f"log_{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
     try:
         if progress is not None:
             _PROGRESS = (progress[0], progress[1], rank)
@@ -640,6 +656,22 @@ def _child(rank: int, P: int, port: int, backend: str, timeout_s: float, target,
         os._exit(1)
 
 
+def _rank_logs(tmpdir: str, P: int) -> str:
+    """The ranks' stderr logs and error reports in ``tmpdir`` as one text, a ``--- rank r ...`` header before
+    each non-empty one ("" when every rank was silent)."""
+    parts = []
+    for r in range(P):
+        for name, what in ((f"error_{r}.txt", "error"), (f"log_{r}.txt", "stderr")):
+            try:
+                with open(os.path.join(tmpdir, name), errors="replace") as fh:
+                    text = fh.read()
+            except OSError:
+                continue
+            if text.strip():
+                parts.append(f"--- rank {r} {what}\n{text.rstrip()}\n")
+    return "".join(parts)
+
+
 def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float = 60.0, backend: str = "gloo",
                  start_timeout_s: float = 120.0, stall_timeout_s: float | None = None) -> list:
     """Run ``target(ctx, *args)`` in P local processes joined by torch.distributed on loopback.
@@ -658,6 +690,10 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
     start_timeout_s (s): grace before the first progress (imports, process-group set-up). The
     rendezvous store is hosted by this process on 127.0.0.1 (a free port) and gloo is bound to the
     loopback interface, so nothing listens beyond this machine.
+    Each rank's stderr (torch's C++ logging, warnings) goes to a log file, not to this process's stderr:
+    when the run fails it becomes :attr:`WorkerFailure.log` (with the failed ranks' tracebacks), so the
+    terminal shows only the caller's one line; when it succeeds, what the ranks wrote is copied to this
+    process's stderr as before.
     Returns the P results by rank. Raises :class:`WorkerFailure` naming the failed rank(s) (raised,
     died with exit code / signal, hung), SparsimError for bad arguments.
     """
@@ -748,11 +784,15 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
             else:
                 with open(path, "rb") as fh:
                     results.append(pickle.load(fh))
+        logs = _rank_logs(tmpdir, P)
         if problems:
             problems.sort(key=lambda x: x[0])
             head = problems[0][1]
             rest = "; ".join(m for _, m in problems[1:])
-            raise WorkerFailure(f"torch backend failed: {head}" + (f" (also: {rest})" if rest else ""))
+            raise WorkerFailure(f"torch backend failed: {head}" + (f" (also: {rest})" if rest else ""), logs)
+        if logs:
+            sys.stderr.write(logs)
+            sys.stderr.flush()
         return results
     finally:
         for p in procs:
