@@ -100,10 +100,16 @@ def main():
 @click.option("--dist-backend", type=click.Choice(["gloo", "nccl", "auto"]), default=None,
               help="torch: process-group backend, auto = nccl when a GPU is visible (sets torch.dist_backend; "
                    "scenario default gloo)")
+@click.option("--yes", is_flag=True,
+              help="run even when the estimated work (algorithms x iterations x P x (d + message and step costs)) "
+                   "is above the limit of 1e11 units, about 3 hours (README: resources)")
 @_user_errors
 def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, nproc, timeout_s, backend_allreduce,
-        dist_backend):
-    """Run SCENARIO (a TOML file; default: the embedded default scenario) and write --out."""
+        dist_backend, yes):
+    """Run SCENARIO (a TOML file; default: the embedded default scenario) and write --out.
+
+    Before allocating, a run whose memory estimate exceeds the available memory is refused, and so is one
+    whose estimated work exceeds the documented limit unless --yes is given (one line, exit code 2)."""
     from .run import run_scenario
     from .scenario import load_scenario, option_overrides
 
@@ -125,7 +131,7 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, n
             raise SparsimError(f"--nproc {nproc} differs from --set cluster.P={sc0.cluster.P}: they must be equal")
         ov.append(f"cluster.P={nproc}")
     sc = load_scenario(scenario, ov)
-    path = run_scenario(sc, out, force=force, progress=not quiet, backend=backend, nproc=nproc)
+    path = run_scenario(sc, out, force=force, progress=not quiet, backend=backend, nproc=nproc, yes=yes)
     if not quiet:
         _print_summary(path)
     if do_check:
@@ -163,9 +169,16 @@ def _print_summary(path):
                f"{clock:>11}{'final loss':>12}{'||grad||^2':>12}{'max delta':>10}")
     for name, t in s["totals"].items():
         md = "" if t["max_delta"] is None else f"{t['max_delta']:.3f}"
-        click.echo(f"{name:<20}{1e3 * t['mean_iter_time_s']:>13.3f}{1e3 * t['mean_compute_s']:>9.3f}"
-                   f"{1e3 * t['mean_compress_s']:>9.3f}{1e3 * t['mean_comm_s']:>9.3f}{t['sim_time_s']:>11.3f}"
-                   f"{t['final_loss']:>12.5f}{t['final_grad_norm_sq']:>12.3e}{md:>10}")
+        click.echo(f"{name:<20}{_fixed(1e3 * t['mean_iter_time_s'], 13, 3)}{_fixed(1e3 * t['mean_compute_s'], 9, 3)}"
+                   f"{_fixed(1e3 * t['mean_compress_s'], 9, 3)}{_fixed(1e3 * t['mean_comm_s'], 9, 3)}"
+                   f"{_fixed(t['sim_time_s'], 11, 3)}{_fixed(t['final_loss'], 12, 5)}{t['final_grad_norm_sq']:>12.3e}{md:>10}")
+
+
+def _fixed(x: float, width: int, prec: int) -> str:
+    """``x`` right-aligned in ``width`` columns with ``prec`` decimals, or in exponent notation when the
+    fixed form would not fit (a huge loss or time is shown as 1.234e+21, not as 22 digits)."""
+    text = f"{x:>{width}.{prec}f}"
+    return text if len(text) <= width else f"{x:>{width}.{max(prec - 2, 2)}e}"
 
 
 def _print_workload_summary(path, s):

@@ -10,6 +10,7 @@ interrupted run never leaves a directory that looks finished):
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -44,9 +45,15 @@ MAX_DENSE_ELEMENTS = 250_000_000
 
 
 class Built:
-    """Everything a scenario resolves to: objective, workers, specs, network, compute, x0, schedule."""
+    """Everything a scenario resolves to: objective, workers, specs, network, compute, x0, schedule.
 
-    def __init__(self, sc: Scenario):
+    check: optional callable ``check(d, data_bytes)`` called once d (parameters) and the bytes of the data and
+    objective are known and before the objective and the workers' arrays are allocated (for a real data set
+    after loading it, for synthetic_epsilon and the synthetic objectives before anything): run_scenario passes
+    :func:`experiments.resources.check_resources`, which raises ResourceError for a run that does not fit.
+    """
+
+    def __init__(self, sc: Scenario, check=None):
         self.scenario = sc
         data = sc.data
         if data.objective in REAL_OBJECTIVES:
@@ -58,15 +65,25 @@ class Built:
             if data.dataset == "synthetic_epsilon" and data.n * 2000 > MAX_DENSE_ELEMENTS:
                 raise ConfigError(f"data.n = {data.n} is out of range for synthetic_epsilon (n x 2000 dense floats): "
                                   f"valid 1 <= n <= {MAX_DENSE_ELEMENTS // 2000}")
+            if check is not None and data.dataset == "synthetic_epsilon":  # generated: known before it exists
+                check(2000 * (2 if data.objective == "softmax" else 1), 8 * data.n * (2000 + 3 * 2 + 8))
             ds = load_dataset(data.dataset, **kw)
             d = ds.d * (ds.n_classes if data.objective == "softmax" else 1)
             if d > MAX_PARAMETERS:
                 raise ConfigError(f"the model would have d = {d} parameters ({ds.d} features from {ds.name}"
                                   f"{f' x {ds.n_classes} classes' if data.objective == 'softmax' else ''}): "
                                   f"valid d <= {MAX_PARAMETERS}")
+            if check is not None and data.dataset != "synthetic_epsilon":
+                from .resources import data_bytes_dataset
+
+                check(d, data_bytes_dataset(ds, data.objective))
             self.objective = make_objective(data.objective, dataset=ds, lam=data.lam, mu=data.mu)
             labels = ds.y
         else:
+            if check is not None:
+                from .resources import data_bytes_synthetic
+
+                check(data.d, data_bytes_synthetic(data.objective, data.d, data.n))
             self.objective = make_objective(data.objective, d=data.d, n=data.n, seed=sc.seed)
             labels = None
         obj = self.objective
@@ -172,9 +189,10 @@ def network_summary(net) -> dict:
     return {**asdict(net), "alpha_s": a, "beta_s_per_byte": b, "engine": "message"}
 
 
-def build(sc: Scenario) -> Built:
-    """Resolve a validated scenario into runnable parts. Raises SparsimError for inconsistent values."""
-    return Built(sc)
+def build(sc: Scenario, check=None) -> Built:
+    """Resolve a validated scenario into runnable parts. Raises SparsimError for inconsistent values, and
+    whatever ``check(d, data_bytes)`` raises before the run's arrays are allocated (see :class:`Built`)."""
+    return Built(sc, check)
 
 
 def run_id(sc: Scenario, backend: str = "sim") -> str:
@@ -254,12 +272,19 @@ def _totals(rows: list[dict]) -> dict:
 
 
 def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, progress: bool = True,
-                 figure: bool = True, backend: str = "sim", nproc: int | None = None) -> Path:
+                 figure: bool = True, backend: str = "sim", nproc: int | None = None, yes: bool = False) -> Path:
     """Run every algorithm of ``sc`` and write the run directory ``out``; return its path.
 
     The directory is built as ``out.partial`` and renamed when complete. Raises ConfigError if ``out``
     exists and is not empty (unless ``force``), and any SparsimError of the run (the partial directory
     is removed).
+
+    Before anything large is allocated, :func:`experiments.resources.check_resources` holds the run's memory
+    estimate against the machine's available memory and its estimated work against
+    :data:`experiments.resources.MAX_WORK`; it raises ResourceError (one line, naming the estimate and the
+    limit) when the run does not fit, or when the work is above the limit and ``yes`` is false (``--yes``).
+    progress: tqdm bars (on a terminal only) with the whole run's remaining wall time, estimated from the
+    iterations done so far.
 
     backend: "sim" (the SimPy cluster; simulated times) or "torch" (``nproc`` local processes over
     torch.distributed on loopback, :mod:`sim.torch_backend`; the time columns are measured wall times
@@ -297,14 +322,17 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
                                   "visible: use gloo")
         if backend_allreduce and "dense" not in sc.algorithms:
             raise ConfigError("torch.backend_allreduce (--backend-allreduce) needs dense among the algorithms")
-    built = build(sc)
+    from .resources import check_resources
+
+    built = build(sc, functools.partial(check_resources, sc, backend=backend, yes=yes))
     tmp = partial_dir(out)
     try:
         t_wall = time.perf_counter()
         if backend == "sim":
             rows: list[dict] = []
+            clock = _RunClock(sc.training.iterations * len(built.specs))
             for spec in built.specs:
-                bar = _progress(spec.label, sc.training.iterations, progress)
+                bar = _progress(spec.label, sc.training.iterations, progress, clock)
                 try:
                     r = run_algorithm(spec, built.workers, T=sc.training.iterations, lr=built.lr, x0=built.x0,
                                       network=built.network, compute=built.compute,
@@ -419,18 +447,57 @@ def _json_default(o):
     return str(o)
 
 
-class _progress:
-    """A tqdm bar over iterations (shown only when the run lasts more than 2 s and stderr is a terminal)."""
+class _RunClock:
+    """Wall time of a whole run (every algorithm), estimated from the iterations done so far.
 
-    def __init__(self, label, total, enabled):
+    total: iterations of the whole run (algorithms x T). :meth:`tick` counts one; :meth:`remaining_s` is
+    elapsed / done x (total - done) in seconds, None before the first iteration."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.t0 = total, 0, time.perf_counter()
+
+    def tick(self) -> None:
+        self.done += 1
+
+    def remaining_s(self) -> float | None:
+        if self.done == 0:
+            return None
+        return (time.perf_counter() - self.t0) / self.done * (self.total - self.done)
+
+
+def _fmt_wall(s: float) -> str:
+    """Seconds as ``1h02m``, ``3m05s`` or ``42s``."""
+    s = int(round(s))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+class _progress:
+    """A tqdm bar over one algorithm's iterations, shown only when stderr is a terminal and the run lasts
+    more than 2 s; its postfix is the whole run's remaining wall time (every algorithm), estimated from the
+    iterations done so far (``clock``, a :class:`_RunClock`)."""
+
+    def __init__(self, label, total, enabled, clock: _RunClock | None = None):
         self.bar = None
+        self.clock = clock
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc=label, unit="it", delay=2.0, leave=False)
+            # disable=None: no bar when stderr is not a terminal (logs, pipes, tests)
+            self.bar = tqdm(total=total, desc=label, unit="it", delay=2.0, leave=False, disable=None)
+            if self.bar.disable:
+                self.bar = None
 
     def on_row(self, row):
+        if row["iteration"] > 0 and self.clock is not None:
+            self.clock.tick()
         if self.bar is not None and row["iteration"] > 0:
+            left = self.clock.remaining_s() if self.clock is not None else None
+            if left is not None:
+                self.bar.set_postfix_str(f"run ~{_fmt_wall(left)} left", refresh=False)
             self.bar.update(1)
 
     def close(self):
