@@ -46,17 +46,27 @@ All of these are means over the typical profiled steps (:func:`typical_steps`: t
 wall time, which matches the median of the plain steps), then over the ranks; they make a measured
 :class:`sim.workloads.Workload` (layers in the observed backward order, parameter tensors owned by their
 modules' calls, the gradient ready order observed by :func:`sim.workloads.ready.observe_ready_order`), and
-the prediction is ``simulate_timeline`` with the network of :func:`experiments.calibrate.calibrate`
-(gloo loopback, exchange pattern, run once per benchmark run, star topology) and the matching policy:
-dense -> ``TimelinePolicy(dense="ddp", bucket_cap_mb=cap)`` with the ring allreduce (gloo's algorithm),
-gTop-k hook -> ``TimelinePolicy(sparse="bucket", bucket_cap_mb=cap, blocking=True)`` (the hook runs its
-selection and collective synchronously inside DDP's autograd hook, so it stalls backward; the overlapped
-prediction, ``blocking=False``, is in the CSV too). The compute is measured, never fitted to the iteration
-time: the error is the timeline's (overlap, exposure, collective) plus the calibrated network's. A gloo
-``all_reduce`` probe per P (rank 0's median of 10, float32) is printed next to the ring allreduce the
-calibrated network predicts, to show how far gloo's own transport is from the calibrated one; a network
-fitted to the first P's probe predicts the dense cases a second time (``predicted_gloo_net_ms``, a
-diagnostic: it is not the project's calibration and not in the headline median).
+the prediction is ``simulate_timeline`` on a star network calibrated by :func:`experiments.calibrate.calibrate`
+(gloo on loopback, before the cases, with --calib-busy-s of busy computation before each timed operation)
+*for the transport each algorithm actually uses*, and the matching policy:
+
+- dense -> ``TimelinePolicy(dense="ddp", bucket_cap_mb=cap)`` with the ring allreduce, on the network of
+  pattern "allreduce" (``sparsim calibrate --pattern allreduce --nproc P``, run once per P): DDP's dense
+  buckets go through gloo's C++ allreduce, so the network is the one on which the simulator's ring
+  allreduce, 2 (P - 1) alpha + 2 (P - 1) / P n beta, takes what ``torch.distributed.all_reduce`` of n
+  bytes took on the same P gloo processes (:func:`experiments.calibrate.fit_ring_allreduce`);
+- gTop-k hook -> ``TimelinePolicy(sparse="bucket", bucket_cap_mb=cap, blocking=True)`` on the network of
+  pattern "exchange" (2 processes, run once): the hook's messages go through the project's Python
+  point-to-point transport (:class:`sim.torch_backend.TorchTransport`), which that pattern times. The hook
+  runs its selection and collective synchronously inside DDP's autograd hook, so it stalls backward:
+  hence ``blocking=True``; the overlapped prediction, ``blocking=False``, is in the CSV too.
+
+Which calibration a case used is the CSV's ``calibration`` column (and ``calibration_nproc``); the choice is
+by algorithm only, made before any case runs: nothing is tuned per case. The compute is measured, never
+fitted to the iteration time: the error is the timeline's (overlap, exposure, collective) plus the
+calibrated network's. Every case is predicted a second time on the other calibration
+(``predicted_other_calibration_ms``: dense on the exchange network, i.e. the previous version's
+headline, gTop-k on the allreduce network), a diagnostic not in the headline median.
 
 Output: a Markdown table, the median |relative error| over the cases, and --csv (default
 benchmarks/results/ddp_reality.csv), one row per case; times in ms per step unless the name says otherwise:
@@ -68,24 +78,30 @@ waiting for peers included), hook_in_backward (hook wall time that fell between 
 the last gradient: the stall a synchronous hook puts into backward); predicted_comm (sum of the
 timeline's collectives); measured_after_backward (last gradient ready to ``backward()`` returning: DDP waiting
 for its last buckets and copying them back); buckets_match_ddp (the timeline's buckets equal the ones DDP
-rebuilt, ``_get_ddp_logging_data``); alpha_s, beta_s_per_byte (calibration); predicted_gloo_net,
-gloo_alpha_s, gloo_beta_s_per_byte (the diagnostic above, dense only); load_avg_1min (after the launch).
+rebuilt, ``_get_ddp_logging_data``); calibration ("allreduce" or "exchange"), calibration_nproc,
+alpha_s, beta_s_per_byte (the network of the prediction); predicted_other_calibration (the diagnostic
+above); load_avg_1min_at_start (before the calibrations: the machine's other work), load_avg_1min (after
+the case's launch, its own P ranks included). The report also prints, per P, the allreduce calibration's
+measured gloo times next to its fitted ring allreduce and the ring allreduce of the exchange network.
 
 Where the prediction misses on this 2-core VM (shared with other work; see the CSV):
 
 - the sparse hook stalls backward: ``hook_in_backward_ms`` is the wall time of every bucket's hook but the
   last, spent inside backward; without ``blocking`` the prediction is lower by that much less the
   backward it would have hidden behind;
-- dense, with the project's calibration: the calibration times the project's own point-to-point transport
-  (Python, a length header and the codec per payload; alpha ~1-2 ms after a busy spell, ~0.3 GB/s), which
-  the sparse hook uses, but DDP's dense buckets go through gloo's C++ ring allreduce (~0.1-0.2 ms a step,
-  ~1.2 GB/s: the probe), so the dense communication is over-predicted where it is not hidden (mlp, cnn);
+- the calibrations measure the transports alone, on an otherwise idle group: the exchange pattern the
+  project's point-to-point transport (Python, a length header and the codec per payload; alpha ~1-2 ms
+  after a busy spell, ~0.3 GB/s), the allreduce pattern gloo's C++ allreduce (~0.1-0.2 ms a ring step,
+  ~1 GB/s). Before this benchmark used the allreduce calibration for the dense cases, the exchange
+  network over-predicted DDP's dense communication where it is not hidden (mlp, cnn): see
+  ``predicted_other_calibration_ms``. Loopback is not a NIC: both directions and all P ranks share one
+  kernel and the same 2 CPUs, so neither fit says what a real network would do;
 - P = 4 on 2 cores, and any other load: the timeline gives every rank its own processor and identical
   times (the ranks' mean); here ranks are descheduled, and every synchronous collective waits for the
   slowest rank (``hook_comm_measured_ms`` is messages plus that waiting; for dense,
   ``measured_after_backward_ms``), so both algorithms are under-predicted, most for the small models whose
-  steps are mostly communication. The same code's median error moved from 11 % to 20 % between two runs
-  whose load averages differed.
+  steps are mostly communication. The same code (with the exchange calibration for both algorithms)
+  had a median error of 11 % and of 20 % in two runs whose load averages differed.
 
     .venv/bin/python benchmarks/bench_ddp_reality.py            # full: 36 cases, ~4-5 minutes on 2 cores
     .venv/bin/python benchmarks/bench_ddp_reality.py --quick    # smoke: P = 2, mlp, cap 25, ~30 s
@@ -94,6 +110,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 import statistics
 import sys
@@ -117,11 +134,12 @@ CSV_COLUMNS = [
     "measured_ms", "measured_mean_ms", "measured_profiled_ms", "predicted_ms", "rel_error",
     "predicted_overlapped_ms", "layer_compute_ms", "forward_ms", "backward_ms", "update_ms", "hook_local_ms",
     "hook_comm_measured_ms", "hook_in_backward_ms", "predicted_comm_ms", "measured_after_backward_ms",
-    "alpha_s", "beta_s_per_byte", "predicted_gloo_net_ms", "gloo_alpha_s", "gloo_beta_s_per_byte",
-    "load_avg_1min", "warmup", "iters", "profile_iters",
+    "calibration", "calibration_nproc", "alpha_s", "beta_s_per_byte", "predicted_other_calibration_ms",
+    "load_avg_1min_at_start", "load_avg_1min", "warmup", "iters", "profile_iters",
 ]
-#: elements (float32) of the gloo all_reduce probe
-PROBE_SIZES = [1 << 8, 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22]
+#: the calibration (pattern of :func:`experiments.calibrate.calibrate`) that predicts each algorithm: the
+#: transport it uses (DDP's dense buckets: gloo's allreduce; the sparse hook: the project's point-to-point)
+CALIBRATION = {"dense": "allreduce", "gtopk": "exchange"}
 
 
 # ============================================================================ models and data (ranks)
@@ -291,9 +309,9 @@ def profile_schedule(warmup: int, iters: int, profile_iters: int) -> list[bool]:
 
 
 def case_job(ctx, model_name: str, cases: list, batch: int, warmup: int, iters: int, profile_iters: int,
-             density: float, seed: int, probe_sizes: list) -> dict:
+             density: float, seed: int) -> list[dict]:
     """Per-rank body (one launch per (P, model)): run every (bucket_cap_mb, algorithm) case of ``cases`` on
-    a fresh DDP model; return {"cases": [per-case dict], "probe": [(elements, seconds)] on rank 0}."""
+    a fresh DDP model; return the per-case dicts."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -370,17 +388,7 @@ def case_job(ctx, model_name: str, cases: list, batch: int, warmup: int, iters: 
         out.append(res)
         del ddp, opt, model
         dist.barrier()
-    probe = []
-    for n in probe_sizes:  # gloo's own allreduce, for the record
-        buf = torch.ones(int(n))
-        ts = []
-        for i in range(12):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(buf)
-            ts.append(time.perf_counter() - t0)
-        probe.append((int(n), float(np.median(ts[2:]))))
-    return {"cases": out, "probe": probe if ctx.rank == 0 else None}
+    return out
 
 
 # ============================================================================ prediction (parent)
@@ -420,11 +428,12 @@ def workload_of(model_name: str, per_rank: list[dict], batch: int):
     return w, mean["step"], mean["hook_wall"] - mean["hook_comm"], mean["hook_comm"], mean["after_bwd"]
 
 
-def predict_case(model_name: str, P: int, per_rank: list[dict], batch: int, density: float, alpha: float,
-                 beta: float, gloo_net: tuple | None = None) -> dict:
+def predict_case(model_name: str, P: int, per_rank: list[dict], batch: int, density: float, net_ab: tuple,
+                 other_ab: tuple | None = None) -> dict:
     """Predict one case with :func:`sim.timeline.simulate_timeline` (see the module docstring); returns the
-    CSV fields (ms) for it. gloo_net: (alpha s, beta s/byte) fitted to gloo's own allreduce (:func:`gloo_fit`)
-    or None; a dense case is also predicted with it (``predicted_gloo_net_ms``, a diagnostic)."""
+    CSV fields (ms) for it. net_ab: (alpha s, beta s/byte) of the star network of the case's calibration
+    (:data:`CALIBRATION`); other_ab: that of the other calibration, or None: the case is predicted on it
+    too (``predicted_other_calibration_ms``, a diagnostic)."""
     from sim.algorithms import AlgorithmSpec
     from sim.compute import ComputeModel
     from sim.network import NetworkSpec
@@ -434,6 +443,7 @@ def predict_case(model_name: str, P: int, per_rank: list[dict], batch: int, dens
     cap, algo = r0["cap"], r0["algorithm"]
     w, update_s, local_s, hook_comm_s, after_s = workload_of(model_name, per_rank, batch)
     d = w.d
+    alpha, beta = net_ab
     net = NetworkSpec.from_alpha_beta(alpha, beta, "star")
     buckets = ddp_buckets(w, TimelinePolicy(bucket_cap_mb=cap))
     match = [list(b.tensors) for b in buckets] == r0["real_buckets"]
@@ -451,10 +461,10 @@ def predict_case(model_name: str, P: int, per_rank: list[dict], batch: int, dens
     r = simulate_timeline(spec, w, P, network=net, policy=pol, batch_size=batch, compute=comp)
     ro = r if pol_over is pol else simulate_timeline(spec, w, P, network=net, policy=pol_over, batch_size=batch,
                                                      compute=comp)
-    gl = None
-    if gloo_net is not None and algo == "dense":
-        gl = simulate_timeline(spec, w, P, network=NetworkSpec.from_alpha_beta(*gloo_net, "star"), policy=pol,
-                               batch_size=batch, compute=comp)
+    other = None
+    if other_ab is not None:
+        other = simulate_timeline(spec, w, P, network=NetworkSpec.from_alpha_beta(*other_ab, "star"), policy=pol,
+                                  batch_size=batch, compute=comp)
     meas = float(np.mean([statistics.median(x["plain_s"]) for x in per_rank]))
     fwd, bwd = w.layer_times(batch)
     pred = float(r.iter_s[0])
@@ -472,83 +482,71 @@ def predict_case(model_name: str, P: int, per_rank: list[dict], batch: int, dens
         "hook_in_backward_ms": 1e3 * float(np.mean([x["hook_in_bwd"] for x in per_rank])),
         "predicted_comm_ms": 1e3 * float(r.comm_s[0]), "measured_after_backward_ms": 1e3 * after_s,
         "alpha_s": alpha, "beta_s_per_byte": beta,
-        "predicted_gloo_net_ms": 1e3 * float(gl.iter_s[0]) if gl is not None else "",
-        "gloo_alpha_s": gloo_net[0] if gloo_net is not None else "",
-        "gloo_beta_s_per_byte": gloo_net[1] if gloo_net is not None else "",
+        "predicted_other_calibration_ms": 1e3 * float(other.iter_s[0]) if other is not None else "",
     }
-
-
-def gloo_fit(P: int, probe: list) -> tuple[float, float]:
-    """(alpha s, beta s/byte) of a star network on which the simulator's ring allreduce of n float32 elements,
-    2 (P - 1) steps of 4 n / P bytes, takes what gloo's ``all_reduce`` took in ``probe`` [(n, seconds)]: the
-    relative least-squares fit of :func:`sim.torch_backend.fit_alpha_beta` to (4 n / P, t / (2 (P - 1)))."""
-    from sim.torch_backend import fit_alpha_beta
-
-    f = fit_alpha_beta([4 * n / P for n, _ in probe], [t / (2 * (P - 1)) for _, t in probe])
-    return f["alpha_s"], f["beta_s_per_byte"]
 
 
 # ============================================================================ driver
 
 
 def run(models=MODELS, Ps=(2, 4), caps=(1.0, 5.0, 25.0), algorithms=ALGORITHMS, *, warmup: int = 3, iters: int = 12,
-        profile_iters: int = 12, density: float = 0.01, seed: int = 0, alpha_beta: tuple | None = None,
+        profile_iters: int = 12, density: float = 0.01, seed: int = 0, networks: dict | None = None,
         calib_max_bytes: int = 1 << 24, calib_repeats: int = 20, calib_busy_s: float = 0.002,
-        timeout_s: float = 120.0, csv_path=None, probe: bool = True, log=print) -> tuple[list[dict], list]:
-    """Calibrate (unless ``alpha_beta`` = (alpha s, beta s/byte) is given), measure every case, predict.
+        timeout_s: float = 120.0, csv_path=None, log=print) -> tuple[list[dict], list[dict]]:
+    """Calibrate (unless ``networks`` is given), measure every case, predict.
 
-    probe: also time gloo's own ``all_reduce`` (:data:`PROBE_SIZES`) in the first launch of each P, print
-    it next to the calibrated ring allreduce, and fit a network to the first P's probe (:func:`gloo_fit`)
-    with which the dense cases are predicted a second time (a diagnostic, not the headline prediction).
-    Returns (rows: one dict per case with :data:`CSV_COLUMNS`, probes: [(P, [(elements, measured s,
-    predicted s)])]); writes the CSV when ``csv_path`` is given. Raises WorkerFailure if a rank fails.
+    networks: {"allreduce": (alpha s, beta s/byte), "exchange": (alpha s, beta s/byte)}, fixed networks used
+    at every P (for tests), or None: before any case runs, :func:`experiments.calibrate.calibrate` the
+    exchange pattern once (2 processes) and the allreduce pattern once per P (nproc = P), with
+    ``calib_busy_s`` busy seconds before each timed operation. Every case is predicted on the network of
+    its algorithm's calibration (:data:`CALIBRATION`) and, as a diagnostic, on the other one.
+    Returns (rows: one dict per case with :data:`CSV_COLUMNS`, calibrations: one dict per calibration run
+    with pattern, nproc, alpha_s, beta_s_per_byte, rms_rel_residual, points [(bytes, s)]; empty when
+    ``networks`` is given); writes the CSV when ``csv_path`` is given. Raises WorkerFailure if a rank fails.
     """
-    import os
 
-    from sim.algorithms import AlgorithmSpec
-    from sim.network import NetworkSpec
-    from sim.timeline import CollectiveTimer
     from sim.torch_backend import launch_local
 
-    if alpha_beta is None:
+    load0 = os.getloadavg()[0]  # before anything of this run: the other work on the machine
+    nets: dict = {}  # (pattern, P) -> ((alpha s, beta s/byte), nproc of the calibration or "")
+    calibrations: list[dict] = []
+    if networks is not None:
+        for P in Ps:
+            for pat in ("allreduce", "exchange"):
+                nets[(pat, P)] = (tuple(networks[pat]), "")
+    else:
         from experiments.calibrate import calibrate
 
-        t = time.perf_counter()
-        _, fit = calibrate(2, 1, calib_max_bytes, calib_repeats, timeout_s, "exchange", calib_busy_s)
-        alpha, beta = fit["alpha_s"], fit["beta_s_per_byte"]
-        log(f"calibrated gloo loopback (exchange, 2 processes, {time.perf_counter() - t:.0f} s): alpha = "
-            f"{1e6 * alpha:.1f} us, beta = {beta:.4g} s/byte ({1e-9 / beta:.3g} GB/s), residual rms "
-            f"{100 * fit['rms_rel_residual']:.2g} %")
-    else:
-        alpha, beta = alpha_beta
+        for pat, nproc in [("exchange", 2)] + [("allreduce", P) for P in Ps]:
+            t = time.perf_counter()
+            _, fit = calibrate(nproc, 1, calib_max_bytes, calib_repeats, timeout_s, pat, calib_busy_s)
+            ab = (fit["alpha_s"], fit["beta_s_per_byte"])
+            for P in (Ps if pat == "exchange" else [nproc]):
+                nets[(pat, P)] = (ab, nproc)
+            calibrations.append({"pattern": pat, "nproc": nproc, "alpha_s": ab[0], "beta_s_per_byte": ab[1],
+                                 "rms_rel_residual": fit["rms_rel_residual"], "points": fit["points"]})
+            log(f"calibrated gloo loopback ({pat}, {nproc} processes, {time.perf_counter() - t:.0f} s): alpha = "
+                f"{1e6 * ab[0]:.1f} us, beta = {ab[1]:.4g} s/byte ({1e-9 / ab[1]:.3g} GB/s), residual rms "
+                f"{100 * fit['rms_rel_residual']:.2g} % (load average {os.getloadavg()[0]:.2f})")
     cases = [(float(c), a) for c in caps for a in algorithms]
-    sizes = PROBE_SIZES if probe else []
-    rows, probes = [], []
-    gloo_net = None
+    rows = []
     for P in Ps:
-        probe_rows = None
         for m in models:
             t = time.perf_counter()
-            got = launch_local(P, case_job, (m, cases, BATCH[m], warmup, iters, profile_iters, density, seed,
-                                             sizes if probe_rows is None else []), timeout_s=timeout_s)
-            if probe_rows is None and sizes:
-                timer = CollectiveTimer(P, NetworkSpec.from_alpha_beta(alpha, beta, "star"), None)
-                dense = AlgorithmSpec("dense", collective="ring", value_bytes=4)
-                probe_rows = [(n, s, timer(dense, n)) for n, s in got[0]["probe"]]
-                probes.append((P, probe_rows))
-                if gloo_net is None:
-                    gloo_net = gloo_fit(P, got[0]["probe"])
-                    log(f"gloo all_reduce at P = {P} fits alpha = {1e6 * gloo_net[0]:.1f} us, beta = "
-                        f"{gloo_net[1]:.4g} s/byte per ring step")
+            got = launch_local(P, case_job, (m, cases, BATCH[m], warmup, iters, profile_iters, density, seed),
+                               timeout_s=timeout_s)
             load = os.getloadavg()[0]
-            for c in range(len(cases)):
-                rows.append(predict_case(m, P, [g["cases"][c] for g in got], BATCH[m], density, alpha, beta,
-                                         gloo_net))
-                rows[-1].update(warmup=warmup, iters=iters, profile_iters=profile_iters, load_avg_1min=load)
+            for c, (_, algo) in enumerate(cases):
+                pat = CALIBRATION[algo]
+                other = next(p for p in ("allreduce", "exchange") if p != pat)
+                (ab, nproc), (other_ab, _) = nets[(pat, P)], nets[(other, P)]
+                rows.append(predict_case(m, P, [g[c] for g in got], BATCH[m], density, ab, other_ab))
+                rows[-1].update(calibration=pat, calibration_nproc=nproc, warmup=warmup, iters=iters,
+                                profile_iters=profile_iters, load_avg_1min=load, load_avg_1min_at_start=load0)
             log(f"P = {P}, {m}: {len(cases)} cases in {time.perf_counter() - t:.0f} s (load average {load:.2f})")
     if csv_path is not None:
         write_csv(csv_path, CSV_COLUMNS, [[_cell(r[c]) for c in CSV_COLUMNS] for r in rows])
-    return rows, probes
+    return rows, calibrations
 
 
 def _cell(x):
@@ -556,18 +554,24 @@ def _cell(x):
     return float(f"{x:.6g}") if isinstance(x, float) else x
 
 
-def report(rows: list[dict], probes: list) -> str:
-    """The Markdown table of the cases, the median |relative error| and the gloo allreduce probe."""
-    table = [[r["model"], str(r["P"]), f"{r['bucket_cap_mb']:g}", r["algorithm"], str(r["buckets"]),
-              f"{r['measured_ms']:.2f}", f"{r['predicted_ms']:.2f}", f"{100 * r['rel_error']:+.1f} %",
-              f"{r['predicted_overlapped_ms']:.2f}", f"{r['layer_compute_ms']:.2f}",
-              f"{r['measured_after_backward_ms']:.2f}", f"{r['hook_local_ms']:.2f}",
-              f"{r['hook_comm_measured_ms']:.2f}", f"{r['hook_in_backward_ms']:.2f}",
+def report(rows: list[dict], calibrations: list[dict]) -> str:
+    """The Markdown table of the cases, the median |relative error| (overall, per algorithm, P and model), the
+    diagnostic on the other calibration, and the allreduce calibrations' gloo times against the ring
+    allreduce of both networks."""
+    from sim.costs import ring_allreduce_time
+
+    table = [[r["model"], str(r["P"]), f"{r['bucket_cap_mb']:g}", r["algorithm"], r["calibration"],
+              str(r["buckets"]), f"{r['measured_ms']:.2f}", f"{r['predicted_ms']:.2f}",
+              f"{100 * r['rel_error']:+.1f} %", f"{r['predicted_overlapped_ms']:.2f}",
+              f"{r['layer_compute_ms']:.2f}", f"{r['measured_after_backward_ms']:.2f}",
+              f"{r['hook_local_ms']:.2f}", f"{r['hook_comm_measured_ms']:.2f}", f"{r['hook_in_backward_ms']:.2f}",
               f"{r['predicted_comm_ms']:.2f}",
-              f"{r['predicted_gloo_net_ms']:.2f}" if r["predicted_gloo_net_ms"] != "" else "-"] for r in rows]
-    lines = [markdown_table(["model", "P", "cap MiB", "algorithm", "buckets", "measured ms", "predicted ms", "error",
-                             "overlapped pred. ms", "compute ms", "after bwd ms", "hook local ms",
-                             "hook comm ms", "hook in bwd ms", "pred. comm ms", "pred. gloo-net ms"], table)]
+              f"{r['predicted_other_calibration_ms']:.2f}" if r["predicted_other_calibration_ms"] != "" else "-"]
+             for r in rows]
+    lines = [markdown_table(["model", "P", "cap MiB", "algorithm", "calibration", "buckets", "measured ms",
+                             "predicted ms", "error", "overlapped pred. ms", "compute ms", "after bwd ms",
+                             "hook local ms", "hook comm ms", "hook in bwd ms", "pred. comm ms",
+                             "pred. other cal. ms"], table)]
     errs = [abs(r["rel_error"]) for r in rows]
     lines.append(f"\nmedian |error| = {100 * statistics.median(errs):.1f} % over {len(errs)} cases "
                  f"(max {100 * max(errs):.1f} %)")
@@ -577,21 +581,34 @@ def report(rows: list[dict], probes: list) -> str:
         e = [abs(r["rel_error"]) for r in rows if r[key] == val]
         if e:
             lines.append(f"  {key} {val}: median |error| {100 * statistics.median(e):.1f} % over {len(e)} cases")
-    g = [abs(r["predicted_gloo_net_ms"] / r["measured_ms"] - 1) for r in rows if r["predicted_gloo_net_ms"] != ""]
-    if g:
-        lines.append(f"  dense with the network fitted to gloo's allreduce (diagnostic): median |error| "
-                     f"{100 * statistics.median(g):.1f} % over {len(g)} cases")
+    for a in ALGORITHMS:
+        g = [abs(r["predicted_other_calibration_ms"] / r["measured_ms"] - 1) for r in rows
+             if r["algorithm"] == a and r["predicted_other_calibration_ms"] != ""]
+        if g:
+            other = next(p for p in ("allreduce", "exchange") if p != CALIBRATION[a])
+            lines.append(f"  {a} on the {other} network instead (diagnostic): median |error| "
+                         f"{100 * statistics.median(g):.1f} % over {len(g)} cases")
     loads = [r["load_avg_1min"] for r in rows if r.get("load_avg_1min") is not None]
     if loads:
-        lines.append(f"  1-minute load average after the launches: {min(loads):.2f} .. {max(loads):.2f} "
-                     "(it counts the P ranks themselves; this machine has 2 CPUs)")
+        lines.append(f"  1-minute load average: {rows[0]['load_avg_1min_at_start']:.2f} before the run, "
+                     f"{min(loads):.2f} .. {max(loads):.2f} after the launches (which count the P ranks themselves; "
+                     f"this machine has {os.cpu_count()} CPUs)")
     if not all(r["buckets_match_ddp"] for r in rows):
         lines.append("WARNING: the timeline's DDP buckets differ from real DDP's in "
                      f"{sum(not r['buckets_match_ddp'] for r in rows)} case(s)")
-    for P, pr in probes:
-        lines.append(f"\ngloo all_reduce (float32, rank 0 median of 10) at P = {P} vs the calibrated ring allreduce:")
-        lines.append(markdown_table(["elements", "gloo ms", "calibrated ring ms"],
-                                    [[str(n), f"{1e3 * m:.3f}", f"{1e3 * p:.3f}"] for n, m, p in pr]))
+    ex = next((c for c in calibrations if c["pattern"] == "exchange"), None)
+    for c in calibrations:
+        if c["pattern"] != "allreduce":
+            continue
+        P = c["nproc"]
+        lines.append(f"\ngloo all_reduce (float32, 10 % trimmed mean, the allreduce calibration) at P = {P} vs the "
+                     "simulator's ring allreduce on the fitted network and on the exchange network:")
+        tab = []
+        for n, s in c["points"]:
+            fit = ring_allreduce_time(P, n // 4, c["alpha_s"], c["beta_s_per_byte"])
+            exr = ring_allreduce_time(P, n // 4, ex["alpha_s"], ex["beta_s_per_byte"]) if ex else float("nan")
+            tab.append([str(n), f"{1e3 * s:.3f}", f"{1e3 * fit:.3f}", f"{1e3 * exr:.3f}"])
+        lines.append(markdown_table(["bytes", "gloo ms", "allreduce-fit ring ms", "exchange-net ring ms"], tab))
     return "\n".join(lines)
 
 
@@ -609,7 +626,7 @@ def main(argv=None):
     ap.add_argument("--density", type=float, default=0.01, help="gTop-k density k / n per bucket, in (0, 1]")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--calib-busy-s", type=float, default=0.002,
-                    help="busy seconds before each timed calibration exchange (about a step's compute)")
+                    help="busy seconds before each timed calibration exchange or allreduce (about a step's compute)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a rank may block on a peer")
     ap.add_argument("--csv", help="CSV of the rows (default: benchmarks/results/ddp_reality.csv; none with --quick)")
     a = ap.parse_args(argv)
@@ -637,10 +654,11 @@ def main(argv=None):
     csv = a.csv or (None if a.quick else str(ROOT / "benchmarks" / "results" / "ddp_reality.csv"))
     print(environment_line())
     t = time.perf_counter()
-    rows, probes = run(models, Ps, caps, ALGORITHMS, density=a.density, seed=a.seed, calib_busy_s=a.calib_busy_s,
-                       timeout_s=a.timeout, csv_path=csv, calib_repeats=10 if a.quick else 20,
-                       calib_max_bytes=(1 << 22) if a.quick else (1 << 24), **kw)
-    print(report(rows, probes))
+    rows, calibrations = run(models, Ps, caps, ALGORITHMS, density=a.density, seed=a.seed,
+                             calib_busy_s=a.calib_busy_s, timeout_s=a.timeout, csv_path=csv,
+                             calib_repeats=10 if a.quick else 20, calib_max_bytes=(1 << 22) if a.quick else (1 << 24),
+                             **kw)
+    print(report(rows, calibrations))
     print(f"\n{'wrote ' + csv if csv else 'no CSV written'} ({time.perf_counter() - t:.0f} s in all)")
 
 

@@ -215,16 +215,22 @@ def check(run_dir):
 
 
 @main.command()
-@click.option("--nproc", type=int, default=2, show_default=True, help="local processes (ranks 0 and 1 do the timing)")
+@click.option("--nproc", type=int, default=2, show_default=True,
+              help="local processes (exchange / pingpong: ranks 0 and 1 do the timing; allreduce: all, P = nproc)")
 @click.option("--out", "out", default="calibration.toml", show_default=True, help="TOML file to write")
 @click.option("--min-bytes", type=int, default=1, show_default=True, help="smallest message (bytes)")
 @click.option("--max-bytes", type=int, default=1 << 24, show_default=True, help="largest message (bytes)")
 @click.option("--repeats", type=int, default=20, show_default=True, help="timings per size and pattern (10 % trimmed mean taken)")
 @click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True, help="seconds before a stuck rank fails")
-@click.option("--pattern", type=click.Choice(["exchange", "pingpong"]), default="exchange", show_default=True,
-              help="which fit the preset takes: pairwise exchange (what the collectives do) or ping-pong one-way")
+@click.option("--pattern", type=click.Choice(["exchange", "pingpong", "allreduce"]), default="exchange",
+              show_default=True,
+              help="which fit the preset takes: pairwise exchange (what the collectives do) or ping-pong one-way, "
+                   "both through the project's transport; or allreduce: gloo's torch.distributed.all_reduce on "
+                   "--nproc ranks (what DDP's dense buckets use), fitted as the simulator's ring allreduce "
+                   "2(P-1) alpha + 2(P-1)/P n beta")
 @click.option("--busy-s", type=float, default=0.0, show_default=True,
-              help="seconds each rank computes before each timed message (a step's compute between its messages)")
+              help="seconds each rank computes before each timed message or allreduce (a step's compute between "
+                   "its messages)")
 @click.option("--force", is_flag=True, help="overwrite --out")
 @_user_errors
 def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, pattern, busy_s, force):
@@ -232,7 +238,9 @@ def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, pattern, bus
 
     Times a ping-pong and a pairwise exchange, fits t(n) = alpha + n beta to each (both fits and their
     residuals are in the output) and writes a TOML [cluster] table (network = "custom", alpha_s,
-    bandwidth_Bps) from the --pattern fit, to paste into a scenario.
+    bandwidth_Bps) from the --pattern fit, to paste into a scenario. --pattern allreduce times gloo's
+    all_reduce of float32 tensors on all --nproc ranks instead and fits the star network on which the
+    simulator's ring allreduce takes those times (for DDP's dense buckets).
     """
     from pathlib import Path
 

@@ -1,6 +1,7 @@
 """Smoke test of benchmarks/bench_ddp_reality.py: one tiny case (P = 2, the MLP, one bucket cap, dense and
-gTop-k hook) through the benchmark's core function, on a fixed network. Checks the CSV's columns and
-that the times are finite and positive; asserts nothing about speed or the prediction error."""
+gTop-k hook) through the benchmark's core function, on fixed networks (one per calibration). Checks the CSV's
+columns, that each algorithm is predicted on its transport's calibration (dense: allreduce, gTop-k hook:
+exchange) and that the times are finite and positive; asserts nothing about speed or the prediction error."""
 from __future__ import annotations
 
 import csv
@@ -22,9 +23,11 @@ def test_quick_case_writes_finite_positive_rows(tmp_path):
     finally:
         sys.path.remove(str(BENCH))
     out = tmp_path / "ddp_reality.csv"
-    # a fixed network (alpha 50 us, 1 GB/s) instead of the calibration, which the benchmark runs once per run
-    rows, probes = b.run(["mlp"], [2], [25.0], b.ALGORITHMS, warmup=2, iters=2, profile_iters=2,
-                         alpha_beta=(5e-5, 1e-9), csv_path=out, probe=True, timeout_s=60.0, log=lambda *a: None)
+    # fixed networks instead of the calibrations, which the benchmark runs before the cases
+    nets = {"allreduce": (5e-5, 1e-9), "exchange": (1e-3, 3e-9)}
+    rows, calibrations = b.run(["mlp"], [2], [25.0], b.ALGORITHMS, warmup=2, iters=2, profile_iters=2,
+                               networks=nets, csv_path=out, timeout_s=60.0, log=lambda *a: None)
+    assert calibrations == []
     with out.open() as fh:
         got = list(csv.DictReader(fh))
     assert list(got[0]) == b.CSV_COLUMNS
@@ -40,7 +43,16 @@ def test_quick_case_writes_finite_positive_rows(tmp_path):
         assert int(r["buckets"]) >= 1 and int(r["d"]) == 2_176_010
         assert r["buckets_match_ddp"] == "True"  # the timeline's buckets are the ones DDP rebuilt
     assert float(got[1]["hook_local_ms"]) > 0  # the gTop-k hook's local work was measured
-    assert float(got[0]["predicted_gloo_net_ms"]) > 0 and got[1]["predicted_gloo_net_ms"] == ""
-    assert [n for n, _, _ in probes[0][1]] == b.PROBE_SIZES  # the gloo allreduce probe
-    assert all(m > 0 and p > 0 for _, m, p in probes[0][1])
-    assert "median |error|" in b.report(rows, probes)
+    # each algorithm on the calibration of the transport it uses; the other one as a diagnostic
+    assert [(r["calibration"], float(r["alpha_s"])) for r in got] == [("allreduce", 5e-5), ("exchange", 1e-3)]
+    assert all(float(r["predicted_other_calibration_ms"]) > 0 for r in got)
+    # dense on the slower exchange network predicts more communication than on the allreduce one
+    assert float(got[0]["predicted_other_calibration_ms"]) >= float(got[0]["predicted_ms"])
+    text = b.report(rows, calibrations)
+    assert "median |error|" in text and "dense on the exchange network instead" in text
+    # the report's calibration table, from a calibration dict as run() returns it
+    cal = [{"pattern": "exchange", "nproc": 2, "alpha_s": 1e-3, "beta_s_per_byte": 3e-9, "rms_rel_residual": 0.1,
+            "points": [(4, 1e-3), (4000, 1.1e-3)]},
+           {"pattern": "allreduce", "nproc": 2, "alpha_s": 5e-5, "beta_s_per_byte": 1e-9, "rms_rel_residual": 0.1,
+            "points": [(4, 1e-4), (4000, 1.1e-4)]}]
+    assert "allreduce-fit ring ms" in b.report(rows, cal)
