@@ -253,7 +253,25 @@ def _format_error(err: ValidationError, where: str) -> str:
         return f"{where}: unknown key {key!r}"
     if e["type"] == "value_error" and isinstance(e.get("input"), dict):  # a rule across the keys of a table
         return f"{where}: {e['msg'].removeprefix('Value error, ')}"
+    bound = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}.get(e["type"])
+    if bound is not None:  # say the valid range the way every other error does, with both ends of the key's range
+        name = e["loc"][-1]
+        f = _field_of(e["loc"])
+        rng = _valid_range(str(name), f) if f is not None else f"{name} {bound} {list(e['ctx'].values())[0]}"
+        return f"{where}: {key} = {e.get('input')!r} is out of range: valid {rng}"
     return f"{where}: {key} = {e.get('input')!r}: {e['msg']}"
+
+
+def _field_of(loc):
+    """The pydantic FieldInfo at a validation error's location (None when it is not a plain field)."""
+    model = Scenario
+    f = None
+    for p in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or p not in model.model_fields:
+            return f if isinstance(p, int) else None
+        f = model.model_fields[p]
+        model = f.annotation
+    return f
 
 
 def _validate(data: dict, where: str) -> Scenario:

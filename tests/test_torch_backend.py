@@ -417,7 +417,7 @@ def test_cli_torch_backend_writes_the_run_directory(tmp_path):
     (["--nproc", "2"], "--nproc needs --backend torch"),
     (["--backend", "torch", "--nproc", "0"], "--nproc 0 is out of range"),
     (["--backend", "torch", "--nproc", "2", "--set", "cluster.P=3"], "--nproc 2 differs"),
-    (["--backend", "torch", "--nproc", "2", "--timeout", "0"], "torch.timeout_s = 0.0: Input should be greater than 0"),
+    (["--backend", "torch", "--nproc", "2", "--timeout", "0"], "torch.timeout_s = 0.0 is out of range: valid 0 < timeout_s <= 604_800"),
 ])
 def test_cli_torch_user_errors_are_one_line(tmp_path, args, needle):
     from experiments.cli import main
