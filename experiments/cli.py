@@ -314,15 +314,21 @@ PREDICT_COLLECTIVES = {
 @click.option("--engine", type=click.Choice(["auto", "fast", "message"]), default=None,
               help="engine of --simulate [default: auto] (message: every message an event; slow beyond P ~ 256)")
 @click.option("--collectives", default=None, help=f"comma-separated subset of {', '.join(PREDICT_COLLECTIVES)}")
+@click.option("--alpha-s", "alpha_s", type=float, default=None,
+              help="a flat star network of this end-to-end latency (s) instead of a preset (with --bandwidth-Bps)")
+@click.option("--bandwidth-Bps", "bandwidth_Bps", type=float, default=None,
+              help="its bandwidth (bytes/s); beta = 1 / bandwidth")
+@click.option("--calibration", type=click.Path(dir_okay=False), default=None,
+              help="a scenario or `sparsim calibrate` output whose [cluster] table gives the network")
 @_user_errors
-def predict(P, d, density, network, simulate, engine, collectives):
+def predict(P, d, density, network, simulate, engine, collectives, alpha_s, bandwidth_Bps, calibration):
     """Communication time per iteration of each collective: closed form (ms), and with --simulate the
     simulated time (s) next to it, on a flat network or a hierarchical cluster preset."""
     import time
 
     from sim.algorithms import AlgorithmSpec
     from sim.errors import check_range
-    from sim.network import PRESETS, get_preset
+    from sim.network import PRESETS, NetworkSpec, get_preset
     from sim.timing import closed_form_comm_s, resolve_engine, simulate_timing
     from sim.topology import CLUSTER_PRESETS, get_cluster_preset
 
@@ -340,10 +346,34 @@ def predict(P, d, density, network, simulate, engine, collectives):
         raise SparsimError(f"--P {P!r}: expected comma-separated integers 1 <= P <= 65536") from None
     for p in Ps:
         check_range("P", p, 1, 65536)
+    custom = None
+    if alpha_s is not None or bandwidth_Bps is not None or calibration is not None:
+        if network != "1GbE":
+            raise SparsimError(f"--network {network} and --alpha-s / --bandwidth-Bps / --calibration each name the "
+                               "network: give one of them")
+        if calibration is not None:
+            if alpha_s is not None or bandwidth_Bps is not None:
+                raise SparsimError("--calibration and --alpha-s / --bandwidth-Bps each name the network: give one")
+            from .run import build_network
+            from .scenario import load_scenario
+
+            custom = build_network(load_scenario(calibration).cluster, timing_only=True)
+            if not hasattr(custom, "end_to_end_alpha_beta"):
+                raise SparsimError(f"--calibration {calibration}: its [cluster] is hierarchical; predict takes a "
+                                   "flat network there (use --network with a cluster preset)")
+            network = f"calibration {calibration}"
+        else:
+            if alpha_s is None or bandwidth_Bps is None:
+                raise SparsimError("--alpha-s and --bandwidth-Bps go together: give both")
+            check_range("--alpha-s", alpha_s, 0, 10)
+            check_range("--bandwidth-Bps", bandwidth_Bps, 1, 1e15)
+            custom = NetworkSpec.from_alpha_beta(alpha_s, 1.0 / bandwidth_Bps, "star", 0.0)
+            network = "custom"
     hier = network in CLUSTER_PRESETS
-    if not hier and network not in PRESETS:
+    if custom is None and not hier and network not in PRESETS:
         raise SparsimError(f"--network {network!r} is unknown: valid {', '.join(PRESETS)}, {', '.join(CLUSTER_PRESETS)}")
     clusters = {p: get_cluster_preset(network, p) for p in Ps} if hier else {}
+    flat_net = custom if custom is not None else (None if hier else get_preset(network))
     default = list(PREDICT_COLLECTIVES) if hier else list(PREDICT_COLLECTIVES)[:5]
     cols = default if collectives is None else [c.strip() for c in collectives.split(",") if c.strip()]
     if not cols:
@@ -363,7 +393,7 @@ def predict(P, d, density, network, simulate, engine, collectives):
         click.echo("closed forms of the flat collectives use the inter-node alpha and beta for every message")
         alpha, beta = ae, be
     else:
-        alpha, beta = get_preset(network).end_to_end_alpha_beta()
+        alpha, beta = flat_net.end_to_end_alpha_beta()
         click.echo(f"d = {d}, k = {k}, alpha = {alpha:.3g} s, beta = {beta:.3g} s/byte" +
                    ("" if simulate else "; times in ms"))
 
@@ -381,7 +411,7 @@ def predict(P, d, density, network, simulate, engine, collectives):
             click.echo(f"{p:>6}" + "".join(f"{1e3 * closed_form_comm_s(spec_of(c, p), p, d, alpha, beta, cl):>20.3f}"
                                            for c in cols))
         return
-    net = None if hier else get_preset(network)
+    net = flat_net
     if resolve_engine(engine, clusters.get(Ps[0], net)) == "message" and max(Ps) > 256:
         click.echo(f"note: the message-level engine moves every message as an event; at P = {max(Ps)} a collective "
                    "can take minutes (engine auto or fast gives the same times in seconds)", err=True)

@@ -239,3 +239,21 @@ def test_importing_plots_keeps_the_matplotlib_backend():
     out = subprocess.run([sys.executable, "-c", "import experiments.plots, matplotlib; print(matplotlib.get_backend())"],
                          capture_output=True, text=True, env={**os.environ, "MPLBACKEND": "svg"}, timeout=120)
     assert out.stdout.strip().lower() == "svg", out.stderr
+
+
+def test_predict_takes_alpha_beta_or_a_calibration_file(tmp_path):
+    """Issue #13: predict accepts a custom alpha / bandwidth or a calibrate output, like a scenario does."""
+    from sim.costs import ring_allreduce_time
+
+    r = _run(["predict", "--alpha-s", "1e-4", "--bandwidth-Bps", "1.25e9", "--P", "8", "--collectives", "ring"])
+    assert r.exit_code == 0, r.output
+    want = 1e3 * ring_allreduce_time(8, 25_000_000, 1e-4, 1 / 1.25e9, 4)
+    assert f"{want:.3f}" in r.output
+    cal = tmp_path / "cal.toml"
+    cal.write_text('[cluster]\nnetwork = "custom"\nalpha_s = 0.0001\nbandwidth_Bps = 1.25e9\n')
+    r2 = _run(["predict", "--calibration", str(cal), "--P", "8", "--collectives", "ring"])
+    assert r2.exit_code == 0 and r2.output == r.output
+    for args, msg in ((["--alpha-s", "1e-4"], "go together"), (["--alpha-s", "1e-4", "--bandwidth-Bps", "0"], "--bandwidth-Bps = 0.0"),
+                      (["--network", "10GbE", "--calibration", str(cal)], "give one of them")):
+        bad = CliRunner().invoke(main, ["predict", *args])
+        assert bad.exit_code == 2 and msg in bad.output and len(bad.output.strip().splitlines()) == 1
