@@ -94,7 +94,8 @@ def step_stats(spec: AlgorithmSpec, outs: list[StepOutput]) -> StepStats:
     """Compute :class:`StepStats` from the P workers' :class:`~sim.algorithms.StepOutput`.
 
     delta = ||sum_p acc_p - g||^2 / ((1 - K/d) ||sum_p acc_p||^2): <= 1 iff Assumption 1 holds this step
-    (nan when sum_p acc_p = 0; None for dense or K = d). K is what each worker actually selected:
+    (when sum_p acc_p = 0: 0 if g = 0 too -- the assumption holds trivially -- else nan, undefined; None for
+    dense or K = d). K is what each worker actually selected:
     ``spec.total_k(d)``, i.e. k for whole-model selection and sum_b k_b with layer-wise segments (the
     contraction of layer-wise selection over the whole vector at the same total budget; per segment the
     guarantee is 1 - k_b/d_b, so delta can exceed 1 when the segments' densities k_b/d_b differ by rounding).
@@ -113,7 +114,9 @@ def step_stats(spec: AlgorithmSpec, outs: list[StepOutput]) -> StepStats:
         if K < d:
             num = float(np.dot(sum_acc - g, sum_acc - g))
             den = (1.0 - K / d) * float(np.dot(sum_acc, sum_acc))
-            delta = num / den if den > 0 else math.nan
+            # sum_p acc_p = 0: the assumption holds trivially when g = 0 too (delta 0); if g != 0 the ratio is
+            # undefined (nan, an empty metrics cell) and the assumption fails this step
+            delta = num / den if den > 0 else (0.0 if num == 0 else math.nan)
     eps = sum_res / P
     n_sel = sum(o.n_selected for o in outs)
     if d:

@@ -318,3 +318,20 @@ def test_nan_gradient_names_worker_and_iteration():
         with pytest.raises(NonFiniteError, match="gradient of worker 2 at iteration 3 is not finite"):
             run_algorithm(AlgorithmSpec("gtopk", k=3), w, T=5, lr=lambda t: 0.01, x0=w.objective.x0(0),
                           driver=driver, network=PRESETS["1GbE"])
+
+
+def test_delta_is_zero_when_nothing_accumulated():
+    """Issue #13: with sum_p acc_p = 0 and g = 0 Assumption 1 holds trivially: delta is 0, not NaN."""
+    from sim.runner import step_stats
+    from sim.algorithms import StepOutput
+
+    d = 10
+    z = np.zeros(d)
+    outs = [StepOutput(z, z, z, z, z, 1, 1) for _ in range(3)]
+    assert step_stats(AlgorithmSpec("topk", k=1), outs).delta == 0.0
+    acc = [np.eye(d)[0], -np.eye(d)[0], z]  # cancelling accumulators, yet a non-zero g: undefined
+    g = np.eye(d)[0]
+    outs = [StepOutput(z, a - (g if i == 0 else 0), a, z, g, 1, 1) for i, a in enumerate(acc)]
+    import math
+
+    assert math.isnan(step_stats(AlgorithmSpec("topk", k=1), outs).delta)
