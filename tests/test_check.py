@@ -108,3 +108,23 @@ def test_a_truncated_run_gets_no_verdict(run_dir, tmp_path):
     line = r.stderr.strip()
     assert "\n" not in line and "truncated or edited" in line and "gtopk" in line
     assert not (copy / "check.json").exists()
+
+
+def test_check_states_the_sampling_bias_of_unequal_shards(run_dir):
+    """Issue #13: E[G] differs from grad f when shards differ in size; check says by how much, next to the verdicts."""
+    import numpy as np
+
+    from experiments.check import _sampling_bias
+    from experiments.run import build
+    from experiments.scenario import Scenario
+
+    s = json.loads((run_dir / "summary.json").read_text())
+    b = build(Scenario.model_validate(s["scenario"]))
+    full = b.objective.full_grad(b.x0)
+    eg = np.mean([b.objective.batch_grad(b.x0, sh) for sh in b.shards], axis=0)
+    want = np.linalg.norm(eg - full) / np.linalg.norm(full)
+    assert _sampling_bias(s) == pytest.approx(want, rel=1e-12)
+    sizes = {len(sh) for sh in b.shards}
+    assert (want > 0) == (len(sizes) > 1)
+    rep = check_run(run_dir, write=False)
+    assert any("unbiasedness" in n and f"{want:.3g}" in n for n in rep.notes)
