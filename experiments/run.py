@@ -33,7 +33,7 @@ from sim.objectives import make_objective
 from sim.runner import METRIC_COLUMNS, Workers, run_algorithm
 
 from .outdir import check_out, file_record, partial_dir, publish, write_csv
-from .scenario import Scenario
+from .scenario import Scenario, used_keys_dump
 
 __all__ = ["build", "run_scenario", "write_metrics", "write_run_directory", "Built"]
 
@@ -407,7 +407,7 @@ def write_run_directory(tmp: Path, sc: Scenario, built: "Built", rows: list[dict
     per_alg = {seg[0]["algorithm"]: _totals(seg) for seg in segments}
     write_metrics(tmp / "metrics.csv", rows, run_id(sc, (backend or {}).get("name", "sim")))
     summary = {
-        "scenario": sc.model_dump(),
+        "scenario": used_keys_dump(sc, (backend or {}).get("name", "sim")),
         "seed": sc.seed,
         "resolved": {
             "d": built.d, "k": built.k, "compression_ratio_c": built.d / built.k, "density": built.k / built.d,

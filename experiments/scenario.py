@@ -17,7 +17,7 @@ from sim.compute import MAX_COEFF_S, MAX_FORWARD_BACKWARD_S, MAX_JITTER_SCALE, M
 from sim.errors import ConfigError
 from sim.network import MAX_QUANTUM_S
 
-__all__ = ["Scenario", "load_scenario", "apply_overrides", "DEFAULT_SCENARIO_TEXT", "scenario_keys", "option_overrides",
+__all__ = ["Scenario", "used_keys_dump", "load_scenario", "apply_overrides", "DEFAULT_SCENARIO_TEXT", "scenario_keys", "option_overrides",
            "MAX_REGULARISER"]
 
 #: Largest weight of data.lam and data.mu: a regulariser 10^6 times the data term (whose per-sample losses are
@@ -115,8 +115,23 @@ class DataCfg(_Strict):
     d: int = Field(10_000, ge=10, le=10_000_000, description="synthetic objectives: dimension")
     n: int = Field(1024, ge=1, le=10_000_000, description="synthetic objectives / synthetic_epsilon: samples")
 
+    #: objectives that train on a data set (the others generate their own data of dimension d and n samples)
+    REAL: ClassVar[tuple[str, ...]] = ("softmax", "logistic")
+
     @model_validator(mode="after")
     def _path_in_use(self):
+        real = self.objective in self.REAL
+        unused = [k for k in self._changed(("d",)) if real]
+        unused += [k for k in self._changed(("n",)) if real and self.dataset != "synthetic_epsilon"]
+        synth_unused = [k for k in self._changed(("dataset", "lam", "mu")) if not real]
+        if synth_unused:
+            raise ValueError(f"{', '.join('data.' + k for k in synth_unused)}: used only by the objectives that train "
+                             f"on a data set ({', '.join(self.REAL)}); objective = {self.objective!r} generates its own "
+                             "data and has its own regulariser")
+        if unused:
+            raise ValueError(f"{', '.join('data.' + k for k in unused)}: used only by the synthetic objectives "
+                             f"(and n by dataset = 'synthetic_epsilon'); objective = {self.objective!r} on dataset = "
+                             f"{self.dataset!r} takes its size from the data")
         if self.path and self.dataset != "libsvm":
             raise ValueError(f"data.path = {self.path!r}: used only with dataset = 'libsvm' (here dataset = "
                              f"{self.dataset!r}, which ignores it)")
@@ -195,6 +210,45 @@ class TorchCfg(_Strict):
     stall_timeout_s: float = Field(0.0, ge=0, le=604_800, description="seconds without progress on every rank (all stuck in local computation) before the run fails naming them; 0 = off. Also bounds any local computation between two messages or steps (a gradient, rank 0's metrics evaluation)")
     dist_backend: Literal["gloo", "nccl", "auto"] = Field("gloo", description="process-group backend (auto: nccl when a GPU is visible)")
     backend_allreduce: bool = Field(False, description="dense uses torch.distributed.all_reduce (collective backend_allreduce) instead of the shared ring")
+
+
+def used_keys_dump(sc: "Scenario", backend: str = "sim") -> dict:
+    """The scenario as a dict without the keys this run does not use (summary.json records what was used): the
+    [torch] table unless backend = torch, [workload] unless a model or table is named, data.d / data.n / data.path
+    where the objective or data set ignores them, the custom-network and hierarchy keys of [cluster] where the
+    network ignores them, and [data], the step size and forward_backward_s for a workload run. Reloading the
+    dump gives the same run (what is left out takes its default, which nothing reads)."""
+    out = sc.model_dump()
+    cl, data = out["cluster"], out["data"]
+    if backend != "torch":
+        out.pop("torch")
+    if not sc.workload.active:
+        out.pop("workload")
+    else:
+        out.pop("data")
+        for k in ("schedule", "lr", "theta", "inverse_a", "eval_every"):
+            out["training"].pop(k)
+        out["compute"].pop("forward_backward_s")
+        out["compression"].pop("layer_sizes")
+    if "data" in out:
+        if sc.data.objective in DataCfg.REAL:
+            data.pop("d")
+            if sc.data.dataset != "synthetic_epsilon":
+                data.pop("n")
+        else:
+            for k in ("dataset", "lam", "mu"):
+                data.pop(k)
+        if sc.data.dataset != "libsvm" or sc.data.objective not in DataCfg.REAL:
+            data.pop("path", None)
+    if sc.cluster.network not in ("custom", "hierarchical"):
+        cl.pop("alpha_s")
+        cl.pop("bandwidth_Bps")
+    if sc.cluster.network != "custom":
+        cl.pop("topology")
+    if sc.cluster.network != "hierarchical":
+        for k in ClusterCfg.HIERARCHY_KEYS:
+            cl.pop(k)
+    return out
 
 
 class Scenario(_Strict):

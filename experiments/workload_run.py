@@ -33,7 +33,7 @@ from sim.timeline import TimelinePolicy, chrome_trace, simulate_timeline
 from sim.topology import ClusterSpec
 
 from .outdir import check_out, file_record, partial_dir, publish, save_figure
-from .scenario import Scenario
+from .scenario import Scenario, used_keys_dump
 
 __all__ = ["resolve_workload", "run_workload"]
 
@@ -145,7 +145,7 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
             chrome_trace(traces, tmp / "trace.json")
         k = sc.k_for(wl.d)
         summary = {
-            "scenario": sc.model_dump(),
+            "scenario": used_keys_dump(sc),
             "seed": sc.seed,
             "mode": "workload timeline (timing only)",
             "resolved": {

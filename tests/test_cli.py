@@ -261,3 +261,29 @@ def test_predict_takes_alpha_beta_or_a_calibration_file(tmp_path):
                       (["--network", "10GbE", "--calibration", str(cal)], "give one of them")):
         bad = CliRunner().invoke(main, ["predict", *args])
         assert bad.exit_code == 2 and msg in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["data.d=50"], "data.d: used only by the synthetic objectives"),
+    (["data.n=100"], "data.n: used only by the synthetic objectives"),
+    (["data.objective=\"sines\"", "data.lam=0.1"], "data.lam: used only by the objectives that train on a data set"),
+    (["data.objective=\"sines\"", "data.dataset=\"breast_cancer\""], "data.dataset: used only by"),
+])
+def test_data_keys_the_objective_ignores_are_errors(tmp_path, sets, needle):
+    """Issue #13, case 1: a key the resolved scenario does not use is an error, not silently ignored."""
+    r = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "r"), "--quiet", *[x for s in sets for x in ("--set", s)]])
+    assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_summary_records_only_the_keys_the_run_used(tmp_path):
+    out = tmp_path / "r"
+    assert _run(["run", "--out", str(out), *QUICK]).exit_code == 0
+    sc = json.loads((out / "summary.json").read_text())["scenario"]
+    assert "torch" not in sc and "workload" not in sc and "d" not in sc["data"] and "path" not in sc["data"]
+    assert "alpha_s" not in sc["cluster"] and "gpus_per_node" not in sc["cluster"]
+    from experiments.run import run_id
+    from experiments.scenario import Scenario, load_scenario
+
+    # reloading what was recorded gives the same run
+    full = load_scenario(None, ["training.iterations=12"])
+    assert run_id(Scenario.model_validate(sc)) == run_id(full)
