@@ -70,8 +70,27 @@ class _OneLineErrors(click.Group):
 
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="sparsim")
-def main():
-    """sparsim: simulate dense, Top-k and gTop-k S-SGD on a P-worker cluster; check the papers' bounds."""
+@click.option("-v", "--verbose", count=True, help="more status on stderr (-v: info, -vv: debug)")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None,
+              help="status messages on stderr at this level and above [default: warning]")
+def main(verbose, log_level):
+    """sparsim: simulate dense, Top-k and gTop-k S-SGD on a P-worker cluster; check the papers' bounds.
+
+    Results go to stdout and the output directory; status goes through the standard logging module (logger
+    ``sparsim``) to stderr, so library users can silence or capture it."""
+    import logging
+
+    level = getattr(logging, log_level.upper()) if log_level else \
+        (logging.DEBUG if verbose >= 2 else logging.INFO if verbose == 1 else logging.WARNING)
+    logger = logging.getLogger("sparsim")
+    logger.setLevel(level)
+    for old in [h for h in logger.handlers if getattr(h, "_sparsim_cli", False)]:
+        logger.removeHandler(old)
+    h = logging.StreamHandler(sys.stderr)  # this call's stderr (click's test runner swaps it per invocation)
+    h.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    h._sparsim_cli = True
+    logger.addHandler(h)
+    logger.propagate = False
     # SIGTERM (e.g. from `timeout` or a batch system) unwinds like Ctrl-C, so no DIR.partial is left behind
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     import matplotlib
@@ -413,8 +432,11 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
         return
     net = flat_net
     if resolve_engine(engine, clusters.get(Ps[0], net)) == "message" and max(Ps) > 256:
-        click.echo(f"note: the message-level engine moves every message as an event; at P = {max(Ps)} a collective "
-                   "can take minutes (engine auto or fast gives the same times in seconds)", err=True)
+        import logging
+
+        logging.getLogger("sparsim.predict").warning(
+            f"the message-level engine moves every message as an event; at P = {max(Ps)} a collective can take "
+            "minutes (engine auto or fast gives the same times in seconds)")
     click.echo(f"d = {d}, k = {k}; simulated and closed-form communication time per iteration in s, "
                f"wall = seconds this machine took to simulate it (engine {engine})")
     click.echo(f"{'P':>6}  {'collective':<20}{'simulated s':>14}{'closed form s':>15}{'sim/closed':>12}{'wall s':>9}")

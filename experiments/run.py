@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import platform
@@ -34,6 +35,8 @@ from sim.runner import METRIC_COLUMNS, Workers, run_algorithm
 
 from .outdir import check_out, file_record, partial_dir, publish, write_csv
 from .scenario import Scenario, used_keys_dump
+
+log = logging.getLogger("sparsim.run")
 
 __all__ = ["build", "run_scenario", "write_metrics", "write_run_directory", "Built"]
 
@@ -340,6 +343,8 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
                 finally:
                     bar.close()
                 rows.extend(r)
+                log.info("%s: %d iterations simulated in %.2f s of wall time", spec.label, sc.training.iterations,
+                         time.perf_counter() - t_wall)
             info = {"name": "sim"}
         else:
             from sim.torch_backend import WorkerFailure, launch_local
@@ -358,6 +363,7 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
             info = torch_backend_info(sc, sc.cluster.P, launcher="sparsim run")
         write_run_directory(tmp, sc, built, rows, time.perf_counter() - t_wall, figure=figure, backend=info)
         publish(tmp, out)
+        log.info("published %s (%.2f s of wall time)", out, time.perf_counter() - t_wall)
     except BaseException:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

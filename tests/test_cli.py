@@ -287,3 +287,12 @@ def test_summary_records_only_the_keys_the_run_used(tmp_path):
     # reloading what was recorded gives the same run
     full = load_scenario(None, ["training.iterations=12"])
     assert run_id(Scenario.model_validate(sc)) == run_id(full)
+
+
+def test_status_goes_through_logging_with_a_verbosity_flag(tmp_path):
+    """Issue #13: status through the standard logging module (logger 'sparsim'), -v shows it, default hides it."""
+    quiet = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "a"), *QUICK])
+    loud = CliRunner().invoke(main, ["-v", "run", "--out", str(tmp_path / "b"), *QUICK])
+    assert quiet.exit_code == loud.exit_code == 0
+    assert "INFO" not in quiet.stderr
+    assert "INFO: gtopk: 12 iterations simulated" in loud.stderr and "INFO: published" in loud.stderr
