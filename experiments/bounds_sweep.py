@@ -210,8 +210,12 @@ def _figure(sp: SweepPlan, rows: list[dict], outdir: Path) -> None:
                 rr = sorted((r for r in mine if r["B"] == B and r["algorithm"] == alg), key=lambda r: r["c"])
                 m = np.array([r["empirical_mean"] for r in rr])
                 err = np.array([[r["empirical_mean"] - r["ci_low"] for r in rr], [r["ci_high"] - r["empirical_mean"] for r in rr]])
-                ax.errorbar([r["c"] for r in rr], m, yerr=err, color=f"C{j}", ls="-", marker="os"[i], capsize=3,
-                            alpha=0.85, label=f"B={B}: {alg} empirical (95% CI)")
+                xs = [r["c"] for r in rr]
+                ax.errorbar(xs, m, yerr=err, color=f"C{j}", ls="-" if i == 0 else "-.", marker="os"[i], ms=5 + 2 * i,
+                            mfc="none" if i else None, capsize=4, elinewidth=1.5, alpha=0.9,
+                            label=f"B={B}: {alg} empirical (95% CI)")
+                # the CI band, visible even where the interval is narrower than a marker on this log scale
+                ax.fill_between(xs, [r["ci_low"] for r in rr], [r["ci_high"] for r in rr], color=f"C{j}", alpha=0.15)
         ax.set_xscale("log")
         ax.set_yscale("log")
         title = f"{o.name} (d = {o.d}, P = {P_WORKERS}, T = {sp.iterations})"
@@ -219,8 +223,9 @@ def _figure(sp: SweepPlan, rows: list[dict], outdir: Path) -> None:
             title += f"\n(c scaled: d = {o.d}, so max c = {o.d}, k = 1)"
         ax.set(xlabel="compression ratio c = d/k", ylabel="avg ||grad f(v_t)||^2", title=title)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=6.5)
-    fig.tight_layout()
+    from .plots import figure_legend
+
+    figure_legend(fig, *axes[0, 0].get_legend_handles_labels())  # one legend, readable, below the panels
     save_figure(fig, outdir, "bounds")
 
 

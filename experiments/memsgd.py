@@ -177,7 +177,9 @@ def _figure(sets, schedules, curves, fstars, outdir: Path) -> None:
                 col = "k" if alg == "sgd" else f"C{i}"
                 y = [max(r["suboptimality"], 1e-12) for r in rr]
                 axi.semilogy([r["iteration"] for r in rr], y, color=col, ls=ls, lw=1.1, label=lab)
-                axb.loglog([max(r["bits"], 1) for r in rr], y, color=col, ls=ls, lw=1.1, label=lab)
+                # log x: the starting point (0 bits) has no place on it; drawing it at 1 bit made a false ramp
+                pts = [(r["bits"], v) for r, v in zip(rr, y) if r["bits"] > 0]
+                axb.loglog([b for b, _ in pts], [v for _, v in pts], color=col, ls=ls, lw=1.1, label=lab)
         sched = ("Thm 2.4: eta_t = 8/(mu(a+t)), a = 6d/k + 0.36" if s == "thm24" else
                  "practical: eta_t = 2/(lambda(t+a)), a = d/k")
         fs = fstars[ds.name]

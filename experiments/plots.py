@@ -6,7 +6,18 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt  # the CLI chooses the Agg backend (experiments.cli.main); a notebook keeps its own
 
-__all__ = ["run_figure"]
+__all__ = ["run_figure", "figure_legend"]
+
+
+def figure_legend(fig, handles, labels, fontsize: float = 9.5, suptitle: bool = False) -> None:
+    """One legend for the whole figure, below its panels, in as many columns as its width holds (about 2.6
+    inches per entry), then tight_layout leaving room for it (and for a suptitle when ``suptitle``)."""
+    w, h = fig.get_size_inches()
+    ncol = max(1, min(len(labels), int(w // 2.6)))
+    rows = -(-len(labels) // ncol)
+    bottom = min(0.45, (0.3 + rows * fontsize * 1.9 / 72) / h)  # inches of legend / figure height
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=fontsize, frameon=False)
+    fig.tight_layout(rect=(0, bottom, 1, 0.96 if suptitle else 1))
 
 
 def _by_alg(rows):

@@ -1114,11 +1114,11 @@ def _hierarchy_figure(sp: ScalingPlan, hrows: list[dict], outdir: Path) -> None:
             ax.plot(PUBLISHED_P, MODELS[name].published[alg], ls="none", marker="x", ms=8, color=colors[alg])
         _p_axis(ax, sp.Ps)
         ax.set(title=name, xlabel="workers P", ylabel="scaling efficiency (%)", ylim=(0, 105))
-        if j == 0:
-            ax.legend(fontsize=6)
+    from .plots import figure_legend
+
     fig.suptitle(f"Flat {NETWORK} (solid) vs {sp.cluster} nodes: released algorithms (dashed), hierarchical "
-                 "collectives (dotted); published (x)", fontsize=9)
-    fig.tight_layout()
+                 "collectives (dotted); published (x)", fontsize=11)
+    figure_legend(fig, *axes.flat[0].get_legend_handles_labels(), suptitle=True)
     save_figure(fig, outdir, "hierarchy")
 
 
@@ -1144,11 +1144,10 @@ def _figure(sp: ScalingPlan, cases: dict, outdir: Path) -> None:
         top.set_yscale("log")
         top.set(title=f"{name} (d = {m.d / 1e6:g}M, batch {m.batch})", xlabel="workers P", ylabel="iteration time (ms)")
         bot.set(xlabel="workers P", ylabel="scaling efficiency (%)", ylim=(0, 105))
-        if j == 0:
-            top.legend(fontsize=7)
-            bot.legend(fontsize=6.5)
-    fig.suptitle(f"ICDCS 2019 scaling on {NETWORK}, density {DENSITY}: simulated (lines) vs published (x)", fontsize=10)
-    fig.tight_layout()
+    from .plots import figure_legend
+
+    fig.suptitle(f"ICDCS 2019 scaling on {NETWORK}, density {DENSITY}: simulated (lines) vs published (x)", fontsize=12)
+    figure_legend(fig, *axes[1, 0].get_legend_handles_labels(), suptitle=True)  # one readable legend, below
     save_figure(fig, outdir, "scaling")
 
 
