@@ -53,7 +53,7 @@ from .algorithms import AlgorithmSpec, StepOutput, sgd_step
 from .cluster import CATEGORY_OF_KIND
 from .replay import StepTrace
 from .compression import Sparse
-from .errors import SparsimError, check_range
+from .errors import NonFiniteError, SparsimError, check_range
 from .ops import AllReduce, Compute, Recv, Send, SendRecv, signature
 
 __all__ = [
@@ -71,6 +71,7 @@ __all__ = [
     "pingpong_job",
     "PATTERNS",
     "fit_alpha_beta",
+    "topk_torch",
 ]
 
 #: Name of the dense fast path: torch.distributed.all_reduce instead of the shared ring/RD definition.
@@ -885,3 +886,36 @@ def fit_alpha_beta(sizes, times) -> dict:
     return {"alpha_s": alpha, "beta_s_per_byte": beta, "bandwidth_Bps": 1.0 / beta,
             "rms_rel_residual": float(math.sqrt(np.mean(rel ** 2))), "max_rel_residual": float(np.max(np.abs(rel))),
             "rms_abs_residual_s": float(math.sqrt(np.mean((pred - t) ** 2)))}
+
+
+def topk_torch(x, k: int):
+    """:func:`sim.compression.topk` on a torch tensor, on its device (a GPU included): the same indices and values.
+
+    x: 1-D float tensor (d,), no NaN. k: int, 1 <= k <= d. Returns (idx, val): int64 tensor of the selected
+    coordinates, ascending, and x at them (x's dtype and device); at most k entries, exact zeros never
+    selected, ties in magnitude to the lower index. ``torch.topk`` supplies only the k-th largest magnitude (its
+    values are exact; which of several tied entries it picks is unspecified), the tie rule is applied after it.
+    Not used by :func:`run_worker`, whose numerics stay in numpy on the CPU (the bit-identity with the
+    simulator); it is for selections on tensors that live on the GPU. Raises SparsimError for k outside [1, d],
+    NonFiniteError naming the first NaN coordinate.
+    """
+    import torch
+
+    d = int(x.shape[0])
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise SparsimError(f"k = {k!r} must be an integer: valid 1 <= k <= d = {d}")
+    k = int(check_range("k", int(k), 1, d))
+    a = x.abs()
+    nan = torch.isnan(a)
+    if bool(nan.any()):
+        i = int(nan.nonzero()[0, 0])
+        raise NonFiniteError(f"top-k selection: coordinate {i} of the vector is {float(x[i])}: valid values are "
+                             "not NaN (a NaN has no magnitude to rank)")
+    v = torch.topk(a, k, sorted=False).values.min()
+    if bool(v == 0):  # fewer than k non-zeros: all of them
+        idx = a.nonzero().flatten()
+    else:
+        above = (a > v).nonzero().flatten()
+        ties = (a == v).nonzero().flatten()[: k - above.numel()]
+        idx = torch.cat([above, ties]).sort().values
+    return idx, x[idx]
