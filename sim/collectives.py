@@ -26,6 +26,7 @@ __all__ = [
     "rd_allreduce",
     "bruck_allgather",
     "topk_allgather_sum",
+    "sparse_sum",
     "gtopk_tree",
     "gtopk_rd",
     "GTopKResult",
@@ -281,11 +282,63 @@ def topk_allgather_sum(rank: int, P: int, sel: Sparse, value_bytes: int = 4, ind
 
 
 def _sum_in_rank_order(sel: Sparse, blocks: list):
-    """Dense sum of P selections (``blocks[r]`` = rank r's), added in rank order; costed as one reduce."""
-    g = np.zeros(sel.d, dtype=sel.val.dtype if len(sel) else np.float64)
+    """Dense sum of P selections (``blocks[r]`` = rank r's), added in rank order, in the dtype of this rank's
+    selection values (the accumulator's, also when the selection is empty); costed as one reduce."""
     yield Compute("reduce", sum(len(b) for b in blocks))
+    return sparse_sum(blocks, sel.d, sel.val.dtype)
+
+
+#: Below this many entries in all, :func:`sparse_sum` uses numpy (microseconds either way): no numba import or
+#: compilation for small runs.
+_NUMBA_MIN_ENTRIES = 1 << 15
+_KERNELS = None  # sim._sparse_numba once imported; False when numba is missing
+
+
+def _kernels():
+    global _KERNELS
+    if _KERNELS is None:
+        try:
+            from . import _sparse_numba
+            _KERNELS = _sparse_numba
+        except ImportError:  # numba is optional: the numpy path gives the same bits, slower
+            _KERNELS = False
+    return _KERNELS or None
+
+
+def sparse_sum(blocks, d: int, dtype, *, use_numba: bool | None = None) -> np.ndarray:
+    """Dense sum of sparse vectors, added in list order: array (d,) of ``dtype``, the bits of
+    ``g = np.zeros(d, dtype); for b in blocks: g[b.idx] += b.val``.
+
+    blocks: :class:`Sparse` vectors of dimension d with strictly increasing indices, as every selection's are
+    (a vector that repeats an index gets both terms added on the ``np.add.at`` path, where ``+=`` kept one).
+    Every coordinate receives its terms in list order whatever the path: with numba (``use_numba`` None: from
+    ``_NUMBA_MIN_ENTRIES`` entries on, if installed; True: whenever installed; False: never) one compiled pass
+    that visits the coordinates in cache-sized chunks (:func:`sim._sparse_numba.sum_into`); otherwise
+    ``np.add.at`` per vector (one pass where ``g[idx] += val`` makes three). Values of a dtype other than
+    ``dtype`` take the ``g[idx] += val`` path.
+    """
+    dtype = np.dtype(dtype)
+    g = np.zeros(int(d), dtype=dtype)
+    same = dtype in (np.float32, np.float64) and all(b.val.dtype == dtype and b.idx.dtype == np.int64 for b in blocks)
+    if same and (use_numba or (use_numba is None and sum(len(b) for b in blocks) >= _NUMBA_MIN_ENTRIES)):
+        K = _kernels()
+        if K is not None and all(b.idx.flags.c_contiguous and b.val.flags.c_contiguous for b in blocks):
+            from numba.typed import List
+
+            try:
+                idxs, vals = List([b.idx for b in blocks]), List([b.val for b in blocks])
+            except Exception:  # e.g. read-only arrays among writable ones: numpy below
+                idxs = None
+            if idxs is not None and len(idxs):
+                if K.sum_into(g, idxs, vals, max(1, (1 << 20) // dtype.itemsize)):
+                    return g
+                g[:] = 0  # an index out of order or range: the plain sum below, which raises as it always did
+                same = False
     for b in blocks:
-        g[b.idx] += b.val
+        if same:
+            np.add.at(g, b.idx, b.val)
+        else:
+            g[b.idx] += b.val
     return g
 
 
@@ -319,9 +372,12 @@ class _Tracker:
         self.sources.append((who, s.idx, np.ones(len(s), bool)))
 
     def survive(self, support: np.ndarray):
-        """Keep only entries whose index is in ``support`` (sorted int64)."""
+        """Keep only entries whose index is in ``support`` (sorted int64). Only the entries still alive are
+        looked up (those of this rank's own selection thin out merge after merge)."""
         for _, idx, alive in self.sources:
-            alive &= np.isin(idx, support, assume_unique=True)
+            live = np.flatnonzero(alive)
+            if live.shape[0]:
+                alive[live] = _in_sorted(idx[live], support)
 
     def survive_sent(self, sent_idx: np.ndarray, bits: np.ndarray):
         """Apply the survival bits returned for the vector this rank sent (entries sent_idx)."""
@@ -332,6 +388,17 @@ class _Tracker:
             if w == who:
                 return alive.copy()
         raise KeyError(who)
+
+
+def _in_sorted(x: np.ndarray, support: np.ndarray) -> np.ndarray:
+    """``np.isin(x, support, assume_unique=True)`` for ``support`` sorted ascending: a binary search per entry
+    of x when x is short next to support, np.isin (a sort of both) otherwise."""
+    if x.shape[0] * 16 < support.shape[0]:
+        pos = np.searchsorted(support, x)
+        out = pos < support.shape[0]
+        out[out] = support[pos[out]] == x[out]
+        return out
+    return np.isin(x, support, assume_unique=True)
 
 
 def _merge(cur: Sparse, got: Sparse, k: int):
