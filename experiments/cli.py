@@ -266,7 +266,9 @@ def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, pattern, bus
     from sim.errors import check_range
 
     from .calibrate import calibrate as run_calibration
+    from .run import _check_torch
 
+    _check_torch("sparsim calibrate")  # one line, not a traceback, without the torch extra
     check_range("--nproc", nproc, 2, 64)
     check_range("--min-bytes", min_bytes, 1)
     check_range("--max-bytes", max_bytes, min_bytes + 1, 1 << 30)
@@ -485,12 +487,25 @@ def workload_list():
 @click.option("--bucket-cap-mb", type=float, default=None, help="DDP bucket_cap_mb (MiB); default DDP's 25 with a 1 MiB first bucket")
 @click.option("--export", "export", default=None, type=click.Path(dir_okay=False),
               help="write the model's layer table to this .csv or .toml file")
+@click.option("--force", is_flag=True, help="overwrite an existing --export file")
 @_user_errors
-def workload_show(model, bucket_cap_mb, export):
+def workload_show(model, bucket_cap_mb, export, force):
     """MODEL (a zoo name or a layer-table file): its size and the buckets DDP would build (launch order)."""
-    from sim.timeline import TimelinePolicy, ddp_buckets
-    from sim.workloads import save_layer_table
+    from pathlib import Path
 
+    from sim.timeline import TimelinePolicy, ddp_buckets
+    from sim.workloads import dumps_layer_table
+
+    from .outdir import atomic_write_text
+
+    if export:  # checked before anything is printed
+        ep = Path(export)
+        if ep.suffix.lower() not in (".csv", ".toml"):
+            raise SparsimError(f"--export {export!r}: valid a .csv or .toml file name")
+        if not ep.parent.is_dir():
+            raise SparsimError(f"--export {export!r}: the directory {str(ep.parent)!r} does not exist")
+        if ep.exists() and not force:
+            raise SparsimError(f"--export {export!r} exists: choose another name or pass --force")
     w = _workload_of(model)
     pol = TimelinePolicy(bucket_cap_mb=bucket_cap_mb)
     bs = ddp_buckets(w, pol)
@@ -503,7 +518,11 @@ def workload_show(model, bucket_cap_mb, export):
         span = names[0] if len(names) == 1 else f"{names[0]} ... {names[-1]}"
         click.echo(f"  {i:>3}  {b.numel:>12,} elements  {4 * b.numel / 2**20:>9.2f} MiB  {len(names):>4} tensors  {span}")
     if export:
-        save_layer_table(w, export)
+        text = dumps_layer_table(w, Path(export).suffix.lower().lstrip("."))
+        try:
+            atomic_write_text(Path(export), text)  # complete or absent, never half written
+        except OSError as err:
+            raise SparsimError(f"cannot write --export {export!r}: {err.strerror}") from None
         click.echo(f"wrote {export}")
 
 

@@ -48,6 +48,10 @@ def resolve_workload(sc: Scenario):
     w = sc.workload
     wl = get_model(w.model) if w.model else load_layer_table(w.table)
     if wl.measured:
+        given = [f"workload.{k}" for k in w._changed(("device", "efficiency"))]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: the layer table {w.table!r} gives measured seconds, which no device "
+                              "model rescales: valid only with a FLOP table or a zoo model")
         return wl, None
     dev = get_device(w.device)
     if w.efficiency is not None:
@@ -78,7 +82,7 @@ def _policy(sc: Scenario) -> TimelinePolicy:
     w = sc.workload
     return TimelinePolicy(dense=w.dense_policy, sparse=w.sparse_policy, bucket_cap_mb=w.bucket_cap_mb,
                           first_bucket_mb=w.first_bucket_mb, fusion_threshold_mb=w.fusion_threshold_mb,
-                          cycle_time_s=w.cycle_time_s)
+                          cycle_time_s=w.cycle_time_s, blocking=w.hook_blocks_backward)
 
 
 def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = True, figure: bool = True) -> Path:

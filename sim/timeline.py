@@ -263,11 +263,13 @@ class IterationTimeline:
     """What happened in one iteration, for the trace: per rank, per stream, slices (name, start s, end s, args).
 
     compute: list over ranks of lists of (name, start, end, args); comm: the same for the communication stream.
-    Times are seconds from the iteration's start.
+    Times are seconds from the iteration's start; start_s is that start on the run's simulated clock (the sum of
+    the earlier iterations' times, as metrics.csv's sim_time_s) and duration_s the iteration's time.
     """
 
     iteration: int
     duration_s: float = 0.0
+    start_s: float = 0.0
     compute: list = field(default_factory=list)
     comm: list = field(default_factory=list)
 
@@ -414,7 +416,7 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
         out["overlap"][t - 1] = min(1.0, max(0.0, 1.0 - exposed / denom)) if denom > 0 else 0.0
         nbytes = int(sum(o[7] for o in ops))
         if t in trace_set:
-            tl = IterationTimeline(t, it_s)
+            tl = IterationTimeline(t, it_s, float(out["iter"][: t - 1].sum()))
             for r in range(R):
                 c, fr = [], factor[r]
                 s = 0.0
@@ -461,8 +463,9 @@ def chrome_trace(timelines_by_label: dict, path) -> None:
 
     timelines_by_label: {label: [IterationTimeline, ...]} (e.g. one label per algorithm). Each (label, rank)
     is a process (``pid``), named "<label> rank r"; its threads are ``compute`` (tid 0) and ``comm`` (tid 1).
-    Every slice is a complete event (``ph = "X"``) with ``ts`` and ``dur`` in microseconds from the start of
-    its iteration's window; iterations follow one another on the time axis in the order given. args carry
+    Every slice is a complete event (``ph = "X"``) with ``ts`` and ``dur`` in microseconds from the run's start
+    on the simulated clock (``IterationTimeline.start_s``: the same time axis as metrics.csv's sim_time_s, so
+    iterations not traced leave gaps). args carry
     the bytes, elements and k of communication slices. The file is written to ``path + ".partial"`` and
     renamed, so no half-written trace is left.
     """
@@ -480,14 +483,13 @@ def chrome_trace(timelines_by_label: dict, path) -> None:
             events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "compute"}})
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "comm"}})
-            offset = 0.0
             for tl in tls:
+                offset = tl.start_s
                 for tid, slices in ((0, tl.compute[r]), (1, tl.comm[r])):
                     for name, s, e, args in slices:
                         events.append({"name": name, "cat": "compute" if tid == 0 else "comm", "ph": "X", "pid": pid,
                                        "tid": tid, "ts": (offset + s) * 1e6, "dur": (e - s) * 1e6,
                                        "args": {**args, "iteration": tl.iteration}})
-                offset += tl.duration_s
     tmp = f"{path}.partial"
     with open(tmp, "w") as fh:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)

@@ -40,6 +40,7 @@ def test_fit_rejects_one_rank():
 
 
 def test_unknown_pattern_is_refused():
+    pytest.importorskip("torch")
     from experiments.calibrate import calibrate
     from sim.errors import SparsimError
 

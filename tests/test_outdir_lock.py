@@ -55,7 +55,7 @@ def test_a_held_lock_stops_the_run_at_once(tmp_path):
 def test_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     import experiments.run as run_mod
 
-    def full(path, rows):
+    def full(path, rows, *rest):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     monkeypatch.setattr(run_mod, "write_metrics", full)

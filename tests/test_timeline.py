@@ -259,6 +259,11 @@ def test_trace_is_valid_and_sums_match(tmp_path):
             assert sel == pytest.approx(res.compress_s[i], rel=1e-9, abs=1e-15)
             assert sum(e["args"]["bytes"] for e in comm if "bytes" in e["args"]) == res.bytes_per_rank
     assert not (tmp_path / "trace.json.partial").exists()
+    # the time axis is the simulated clock: iteration 3 starts after iterations 1 and 2 (iteration 2 not traced)
+    d = runs["dense"]
+    pid0 = [p for p, n in names.items() if n == "dense rank 0"][0]
+    first3 = min(e["ts"] for e in by[(pid0, 0, 3)])
+    assert first3 == pytest.approx(1e6 * (d.iter_s[0] + d.iter_s[1]), rel=1e-12)
 
 
 @pytest.mark.parametrize("kw,msg", [

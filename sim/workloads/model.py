@@ -27,7 +27,7 @@ class ParamTensor:
     layer: str
 
     def __post_init__(self):
-        check_int(f"numel of tensor {self.name!r}", self.numel, 1, err=ConfigError)
+        check_int(f"numel of tensor {self.name!r}", self.numel, 1, 10**12, err=ConfigError)
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,9 @@ class Workload:
         object.__setattr__(self, "tensors", tuple(self.tensors))
         if not self.tensors:
             raise ConfigError(f"workload {self.name!r} has no parameter tensors: valid at least 1")
+        total = sum(int(t.numel) for t in self.tensors)
+        if total > 10**12:
+            raise ConfigError(f"workload {self.name!r} has d = {total} parameters: valid d <= 10^12")
         names = [l.name for l in self.layers]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})[0]

@@ -66,9 +66,10 @@ _META_KEYS = ("name", "input", "source", "measured_batch")
 _EXTS = (".csv", ".toml")
 
 
-def _cost(where: str, col: str, text) -> float:
-    """A cost cell as a finite real >= 0, or ConfigError naming where, the value and the range."""
-    if isinstance(text, bool):
+def _cost(where: str, col: str, text, typed: bool = False) -> float:
+    """A cost cell as a finite real >= 0, or ConfigError naming where, the value and the range. typed (TOML):
+    the value must already be a number, not a string holding one."""
+    if isinstance(text, bool) or (typed and isinstance(text, str)):
         v = None
     elif isinstance(text, (int, float)):
         v = float(text)
@@ -85,9 +86,14 @@ def _cost(where: str, col: str, text) -> float:
 _INT_RE = re.compile(r"[+-]?\d+")
 
 
-def _int(where: str, col: str, text, lo: int, what: str = "") -> int:
-    """An integer cell >= lo, or ConfigError naming where, the value and the range."""
-    if isinstance(text, bool):
+#: Largest parameter tensor accepted (elements): 10^12, the largest d any command takes.
+MAX_NUMEL = 10**12
+
+
+def _int(where: str, col: str, text, lo: int, what: str = "", typed: bool = False) -> int:
+    """An integer cell in [lo, MAX_NUMEL], or ConfigError naming where, the value and the range. typed (TOML): the
+    value must already be an integer, not a string holding one."""
+    if isinstance(text, bool) or (typed and isinstance(text, str)):
         v = None
     elif isinstance(text, int):
         v = text
@@ -95,8 +101,8 @@ def _int(where: str, col: str, text, lo: int, what: str = "") -> int:
         v = int(text.strip())
     else:
         v = None
-    if v is None or v < lo:
-        raise ConfigError(f"{where}: {col} = {text!r} is out of range: valid integer {lo} <= {col}{what}")
+    if v is None or v < lo or v > MAX_NUMEL:
+        raise ConfigError(f"{where}: {col} = {text!r} is out of range: valid integer {lo} <= {col} <= {MAX_NUMEL}{what}")
     return v
 
 
@@ -295,7 +301,7 @@ def _load_toml(path: str, text: str) -> Workload:
             raise ConfigError(f"{where}: name = {name!r} is out of range: valid a non-empty string")
         if name in builder.layers:
             raise ConfigError(f"{where}: layer {name!r} is listed twice: valid unique layer names")
-        costs = {c: _cost(where, c, lay[c]) for c in builder.costs}
+        costs = {c: _cost(where, c, lay[c], typed=True) for c in builder.costs}
         tensors = lay.get("tensors", [])
         if not isinstance(tensors, list):
             raise ConfigError(f"{where}: tensors = {tensors!r} is out of range: valid an array of "
@@ -311,8 +317,8 @@ def _load_toml(path: str, text: str) -> Workload:
             tname = t.get("name")
             if not isinstance(tname, str) or not tname:
                 raise ConfigError(f"{tw}: name = {tname!r} is out of range: valid a non-empty string")
-            numel = _int(tw, "numel", t.get("numel"), 1, f" for tensor {tname!r}")
-            index = {c: _int(tw, c, t[c], 0) for c in _INDEX_COLS if c in t}
+            numel = _int(tw, "numel", t.get("numel"), 1, f" for tensor {tname!r}", typed=True)
+            index = {c: _int(tw, c, t[c], 0, typed=True) for c in _INDEX_COLS if c in t}
             builder.add(tw, name, tname, numel, {}, index)
     return builder.workload(meta)
 
