@@ -138,3 +138,49 @@ def test_workload_list_and_show(tmp_path):
     assert r.exit_code == 0 and "d = 25,557,032" in r.output
     r = _run(["workload", "show", "resnet51"])
     assert r.exit_code == 2 and "resnet51" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--set", 'workload.model="resnet50"', "--set", "workload.fusion_threshold_mb=64"], "dense_policy = 'horovod'"),
+    (["--set", 'workload.model="resnet50"', "--set", 'workload.dense_policy="none"', "--set", "workload.bucket_cap_mb=5"],
+     "DDP buckets"),
+    (["--set", 'workload.model="resnet50"', "--set", 'algorithms=["topk"]', "--set", 'workload.dense_policy="horovod"'],
+     "dense among the algorithms"),
+    (["--set", 'workload.model="resnet50"', "--set", 'algorithms=["dense"]', "--set", 'workload.sparse_policy="layer"'],
+     "a sparse algorithm"),
+    (["--set", 'workload.model="resnet50"', "--set", 'workload.dense_policy="horovod"',
+      "--set", "workload.hook_blocks_backward=true"], "does not apply to dense_policy = 'horovod'"),
+])
+def test_workload_keys_a_run_would_ignore_are_errors(tmp_path, args, msg):
+    out = tmp_path / "r"
+    r = _run(["run", "--out", str(out), "--quiet", "--set", "training.iterations=2", *args])
+    assert r.exit_code == 2 and msg in r.output and len(r.output.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_measured_table_refuses_a_device_and_huge_or_string_numbers(tmp_path):
+    measured = tmp_path / "m.csv"
+    measured.write_text("# measured_batch = 8\nlayer,tensor,numel,forward_s,backward_s\nfc,fc.w,100,0.001,0.002\n")
+    r = _run(["run", "--out", str(tmp_path / "a"), "--quiet", "--set", f'workload.table="{measured}"',
+              "--set", 'workload.device="H100"'])
+    assert r.exit_code == 2 and "measured seconds" in r.output
+    huge = tmp_path / "h.csv"
+    huge.write_text("layer,tensor,numel,forward_flops,backward_flops\nfc,fc.w,99999999999999999999,1,1\n")
+    r = _run(["run", "--out", str(tmp_path / "b"), "--quiet", "--set", f'workload.table="{huge}"'])
+    assert r.exit_code == 2 and "numel = '99999999999999999999' is out of range" in r.output
+    toml = tmp_path / "s.toml"
+    toml.write_text('[[layer]]\nname = "fc"\nforward_flops = 1.0\nbackward_flops = 2.0\n'
+                    'tensors = [{name = "fc.w", numel = "5"}]\n')
+    r = _run(["run", "--out", str(tmp_path / "c"), "--quiet", "--set", f'workload.table="{toml}"'])
+    assert r.exit_code == 2 and "numel = '5'" in r.output
+
+
+def test_blocking_hook_key_is_the_timeline_option(tmp_path):
+    out = tmp_path / "r"
+    r = _run(["run", "--out", str(out), *RESNET20, "--set", 'workload.sparse_policy="bucket"',
+              "--set", "workload.hook_blocks_backward=true", "--set", 'algorithms=["gtopk"]'])
+    assert r.exit_code == 0, r.output
+    row = list(csv.DictReader(open(out / "metrics.csv")))[0]
+    # a blocking hook hides nothing: the iteration is compute + every selection + every collective
+    assert float(row["iter_time_s"]) == pytest.approx(
+        float(row["compute_s"]) + float(row["compress_s"]) + float(row["comm_s"]), rel=1e-12)
