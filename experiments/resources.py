@@ -1,9 +1,9 @@
 """What a scenario run needs before it allocates: a memory estimate held against this machine's available
 memory, and an estimate of its work held against a documented limit (``sparsim run --yes`` lifts that one).
 
-Memory (bytes; float64 = 8 bytes):
+Memory (bytes; w = 8 for training.dtype float64, 4 for float32):
 
-- simulator: 8 d (ARRAYS_PER_RANK P + ARRAYS_SHARED) (:data:`sim.runner.ARRAYS_PER_RANK` = 12 vectors of d
+- simulator: w d (ARRAYS_PER_RANK P + ARRAYS_SHARED) (:data:`sim.runner.ARRAYS_PER_RANK` = 12 vectors of d
   per simulated worker, :data:`sim.runner.ARRAYS_SHARED` = 8 shared, rounded up from tracemalloc measurements)
   plus the data and the objective's arrays (:func:`data_bytes_synthetic`, :func:`data_bytes_dataset`);
 - torch backend: every one of the P processes builds the whole objective and holds its own vectors
@@ -137,14 +137,16 @@ def estimate_memory(sc, d: int, data_bytes: int, backend: str = "sim") -> tuple[
     """(bytes, how) a run of ``sc`` with d parameters and ``data_bytes`` of data and objective needs at its
     peak on ``backend`` ("sim" or "torch"); ``how`` spells the estimate out for the error message."""
     P = sc.cluster.P
+    dtype = getattr(sc.training, "dtype", "float64")
+    w = 4 if dtype == "float32" else 8  # bytes of one vector entry
     if backend == "torch":
-        per_rank = TORCH_PROCESS_BYTES + data_bytes + 8 * d * TORCH_ARRAYS_PER_RANK
-        total = data_bytes + P * per_rank + 8 * d * 3 * P
+        per_rank = TORCH_PROCESS_BYTES + data_bytes + w * d * TORCH_ARRAYS_PER_RANK
+        total = data_bytes + P * per_rank + w * d * 3 * P
         how = (f"{P} processes x ({format_bytes(TORCH_PROCESS_BYTES)} of torch + {format_bytes(data_bytes)} of data "
-               f"+ {TORCH_ARRAYS_PER_RANK} float64 vectors of d = {d:,}) + rank 0's gathered vectors")
+               f"+ {TORCH_ARRAYS_PER_RANK} {dtype} vectors of d = {d:,}) + rank 0's gathered vectors")
         return int(total), how
-    arrays = 8 * d * (ARRAYS_PER_RANK * P + ARRAYS_SHARED)
-    how = (f"P = {P} workers x {ARRAYS_PER_RANK} float64 vectors of d = {d:,} parameters + "
+    arrays = w * d * (ARRAYS_PER_RANK * P + ARRAYS_SHARED)
+    how = (f"P = {P} workers x {ARRAYS_PER_RANK} {dtype} vectors of d = {d:,} parameters + "
            f"{format_bytes(data_bytes)} of data and objective")
     return int(arrays + data_bytes), how
 

@@ -80,14 +80,15 @@ class Built:
                 from .resources import data_bytes_dataset
 
                 check(d, data_bytes_dataset(ds, data.objective))
-            self.objective = make_objective(data.objective, dataset=ds, lam=data.lam, mu=data.mu)
+            self.objective = make_objective(data.objective, dataset=ds, lam=data.lam, mu=data.mu).astype(
+                sc.training.dtype)
             labels = ds.y
         else:
             if check is not None:
                 from .resources import data_bytes_synthetic
 
                 check(data.d, data_bytes_synthetic(data.objective, data.d, data.n))
-            self.objective = make_objective(data.objective, d=data.d, n=data.n, seed=sc.seed)
+            self.objective = make_objective(data.objective, d=data.d, n=data.n, seed=sc.seed).astype(sc.training.dtype)
             labels = None
         obj = self.objective
         P = sc.cluster.P
@@ -201,10 +202,14 @@ def build(sc: Scenario, check=None) -> Built:
 def run_id(sc: Scenario, backend: str = "sim") -> str:
     """A run's identity in metrics.csv's ``run_id`` column: the first 16 hex digits of the sha256 of the resolved
     scenario (canonical JSON) and the backend, so rows of different runs concatenated stay apart and the same
-    scenario gives the same id on every machine."""
+    scenario gives the same id on every machine. training.dtype enters only when it is not the default float64
+    (runs made before that key existed keep their ids)."""
     import hashlib
 
-    text = json.dumps({"scenario": sc.model_dump(), "backend": backend}, sort_keys=True, default=str)
+    dump = sc.model_dump()
+    if dump["training"].get("dtype") == "float64":  # the default arithmetic: the ids of runs made before the key
+        del dump["training"]["dtype"]
+    text = json.dumps({"scenario": dump, "backend": backend}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -382,11 +387,11 @@ def torch_backend_info(sc: Scenario, nproc: int, *, launcher: str) -> dict:
                             "step time, sim_time_s = their running sum"}
 
 
-def _check_torch():
+def _check_torch(what: str = "--backend torch"):
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise ConfigError("--backend torch needs PyTorch: pip install -e '.[torch]' in the clone (torch==2.13.0)") from None
+        raise ConfigError(f"{what} needs PyTorch: pip install -e '.[torch]' in the clone (torch==2.13.0)") from None
 
 
 def _torch_version():

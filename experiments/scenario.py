@@ -149,6 +149,9 @@ class TrainingCfg(_Strict):
     theta: float = Field(0.05, gt=0, description="Corollary 2 step constant")
     inverse_a: float = Field(100.0, gt=0, description="inverse schedule offset a")
     eval_every: int = Field(1, ge=1, description="evaluate loss and full gradient every this many iterations")
+    dtype: Literal["float64", "float32"] = Field(
+        "float64", description="arithmetic of the data, parameters, gradients, accumulators, residuals and messages "
+                               "(float32: the float64 problem rounded once; needs compression.value_bytes <= 4)")
 
 
 class CompressionCfg(_Strict):
@@ -186,6 +189,9 @@ class WorkloadCfg(_Strict):
     first_bucket_mb: float | None = Field(None, gt=0, le=1e6, description="cap of DDP's first bucket (MiB); unset: as DDP (1 MiB with the default cap, else bucket_cap_mb)")
     fusion_threshold_mb: float = Field(128.0, gt=0, le=1e6, description="horovod: HOROVOD_FUSION_THRESHOLD (MiB)")
     cycle_time_s: float = Field(1e-3, gt=0, le=10, description="horovod: HOROVOD_CYCLE_TIME (s)")
+    hook_blocks_backward: bool = Field(False, description="a communication operation stalls its rank's backward until its collective ends "
+                                                          "(a comm hook that runs its selection and collective inside the autograd hook, as this "
+                                                          "project's DDP hook does); false: selection and collective overlap backward on their own stream")
     trace_iterations: list[int] = Field([1], description="iterations written to trace.json (Chrome trace format; empty: none)")
     trace_ranks: int = Field(4, ge=1, le=1024, description="ranks per algorithm written to trace.json")
 
@@ -226,7 +232,7 @@ def used_keys_dump(sc: "Scenario", backend: str = "sim") -> dict:
         out.pop("workload")
     else:
         out.pop("data")
-        for k in ("schedule", "lr", "theta", "inverse_a", "eval_every"):
+        for k in ("schedule", "lr", "theta", "inverse_a", "eval_every", "dtype"):
             out["training"].pop(k)
         out["compute"].pop("forward_backward_s")
         out["compression"].pop("layer_sizes")
@@ -271,18 +277,43 @@ class Scenario(_Strict):
         w = self.workload
         if w.active:
             unused = [f"data.{k}" for k in self.data._changed(DataCfg.model_fields)]
-            unused += [f"training.{k}" for k in self.training._changed(("schedule", "lr", "theta", "inverse_a", "eval_every"))]
+            unused += [f"training.{k}" for k in self.training._changed(("schedule", "lr", "theta", "inverse_a", "eval_every",
+                                                                         "dtype"))]
             unused += [f"compute.{k}" for k in self.compute._changed(("forward_backward_s",))]
             unused += [f"compression.{k}" for k in self.compression._changed(("layer_sizes",))]
             if unused:
                 raise ValueError(f"{', '.join(unused)}: the objective, step size, lumped compute time and layer split of a numerics run, unused "
                                  f"when workload.{'model' if w.model else 'table'} is set (a timing-only timeline of a real model, "
                                  "whose layers give the compute; its selection scope is workload.sparse_policy)")
+            dense = "dense" in self.algorithms
+            sparse = any(a != "dense" for a in self.algorithms)
+            rules = [(("fusion_threshold_mb", "cycle_time_s"), dense and w.dense_policy == "horovod",
+                      "workload.dense_policy = 'horovod' with dense among the algorithms"),
+                     (("bucket_cap_mb", "first_bucket_mb"),
+                      (dense and w.dense_policy == "ddp") or (sparse and w.sparse_policy == "bucket"),
+                      "DDP buckets: dense_policy = 'ddp' with dense, or sparse_policy = 'bucket' with a sparse algorithm"),
+                     (("dense_policy",), dense, "dense among the algorithms"),
+                     (("sparse_policy",), sparse, "a sparse algorithm among the algorithms")]
+            for keys, used, needs in rules:
+                unused = w._changed(keys)
+                if unused and not used:
+                    raise ValueError(f"{', '.join('workload.' + k for k in unused)}: used only with {needs}")
+            if w.hook_blocks_backward and w.dense_policy == "horovod" and dense:
+                raise ValueError("workload.hook_blocks_backward = true does not apply to dense_policy = 'horovod' (its "
+                                 "background loop never stalls backward): valid dense_policy ddp or none")
         else:
             unused = w._changed([k for k in WorkloadCfg.model_fields if k not in ("model", "table")])
             if unused:
                 raise ValueError(f"{', '.join('workload.' + k for k in unused)}: used only with workload.model or "
                                  "workload.table (a real model's timeline); this scenario trains the [data] objective")
+        return self
+
+    @model_validator(mode="after")
+    def _dtype_fits_value_bytes(self):
+        if self.training.dtype == "float32" and self.compression.value_bytes > 4:
+            raise ValueError(f"compression.value_bytes = {self.compression.value_bytes} with training.dtype = 'float32': "
+                             "a float32 value is 4 bytes on the wire: valid value_bytes <= 4 (or training.dtype = "
+                             "'float64')")
         return self
 
     @field_validator("algorithms")

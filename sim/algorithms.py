@@ -269,7 +269,11 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
     yield Compute("forward_backward", batch_size)
     _check_finite(grad, "gradient", rank, iteration, spec.label)
     with np.errstate(over="ignore", invalid="ignore"):
-        acc = residual + lr * grad
+        acc = np.multiply(grad, lr)  # residual + lr * grad with one array instead of two (addition commutes)
+        if acc.dtype == np.result_type(acc, residual):
+            acc += residual
+        else:
+            acc = residual + acc
     _check_finite(acc, "error-feedback accumulator", rank, iteration, spec.label)
     vb, ib = spec.value_bytes, spec.index_bytes
     if spec.name == "dense":
@@ -307,7 +311,11 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
             new_res[sel.idx[res.applied]] = 0.0
             n_sel, n_app = len(sel), int(res.applied.sum())
     yield Compute("update", d)
-    v_new = v - g / P
+    v_new = g / P  # v - g / P with one array instead of two
+    if v_new.dtype == np.result_type(v, v_new):
+        np.subtract(v, v_new, out=v_new)
+    else:
+        v_new = v - v_new
     return StepOutput(v_new, new_res, acc, grad, g, n_sel, n_app)
 
 

@@ -1,4 +1,4 @@
-r"""Finite-sum objectives f(x) = (1/n) sum_i f_i(x), x a float64 vector of shape (d,).
+r"""Finite-sum objectives f(x) = (1/n) sum_i f_i(x), x a float64 (or float32, :meth:`Objective.astype`) vector (d,).
 
 Layer: bottom (``objectives and data``); imports only ``sim.errors`` and ``sim.data``.
 
@@ -20,7 +20,18 @@ Objectives (see :data:`OBJECTIVES`, build with :func:`make_objective`):
 - ``softmax``          multinomial logistic regression, same regularisers.
 
 All arithmetic is float64 and deterministic (fixed-order numpy reductions, ``np.bincount``; dense data
-use BLAS matrix-vector products as numpy does).
+use BLAS matrix-vector products as numpy does). :meth:`Objective.astype` gives the same objective computing
+in float32 (its data rounded once to float32; the constants stay those of the float64 instance).
+
+Batched gradients: :meth:`Objective.batch_grads` returns the P workers' mini-batch gradients of one iteration
+(all at the same point x, as in synchronous S-SGD) as one ``(P, d)`` array whose row p has the same bits as
+``batch_grad(x, idxs[p])``. The overrides stack the workers' samples and make per worker the same BLAS call
+as the per-worker path (``np.matmul`` on a stack calls BLAS once per matrix with that matrix's shape and
+strides), the same elementwise operations and the same reductions (``np.bincount`` with the workers' bins
+offset by p d); the work shared by all workers (the separable objectives' g'(lam, x), the regulariser's
+gradient) is done once. Sparse (CSR) data keep the per-worker loop: scipy's CSC-times-dense product has no
+stacked form with the same summation order. :meth:`Objective.loss_and_grad` evaluates f and grad f sharing
+their common work (scores, margins, residuals), with the bits of ``loss`` and ``full_grad``.
 """
 from __future__ import annotations
 
@@ -131,7 +142,8 @@ def _row_sq_norms(X) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------------- base
 class Objective:
-    """Base class of a finite sum f(x) = (1/n) sum_i f_i(x), x float64 ndarray ``(d,)``.
+    """Base class of a finite sum f(x) = (1/n) sum_i f_i(x), x ndarray ``(d,)`` of :attr:`dtype` (float64 unless cast
+    by :meth:`astype`; "float64" in the method docs below means that dtype).
 
     Attributes: ``name`` (registry name, str), ``d`` (parameters, int), ``n`` (samples, int),
     ``params`` (dict of the construction parameters).
@@ -147,10 +159,41 @@ class Objective:
     d: int = 0
     n: int = 0
     params: dict
+    #: the arithmetic dtype (float64, or float32 from :meth:`astype`): points, gradients and data use it
+    dtype: np.dtype = np.dtype(np.float64)
+    #: the attributes holding the float arrays the arithmetic reads; :meth:`astype` casts them
+    _ARITH_ARRAYS: tuple[str, ...] = ()
+    #: whether :meth:`batch_grads` and :meth:`loss_and_grad` share work at one point through a ``scratch`` dict
+    shares_point_work: bool = False
+
+    def astype(self, dtype) -> "Objective":
+        """This objective computing in ``dtype`` (``"float64"`` or ``"float32"``): self for its own dtype, else a
+        copy whose arithmetic arrays (:attr:`_ARITH_ARRAYS`) are rounded once to ``dtype`` and whose methods take
+        and return ``dtype`` arrays (losses stay Python floats). The copy's :meth:`constants` are those of this
+        float64 instance (computed here, before the cast). Raises ConfigError for another dtype."""
+        dt = np.dtype(dtype)
+        if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
+            raise ConfigError(f"dtype = {dtype!r} is unknown: valid float64, float32")
+        if dt == self.dtype:
+            return self
+        import copy
+
+        consts = self.constants()
+        new = copy.copy(self)
+        new.dtype = dt
+        for name in self._ARITH_ARRAYS:
+            arr = getattr(self, name)
+            if sp.issparse(arr):
+                arr = arr.astype(dt)
+            elif isinstance(arr, np.ndarray) and np.issubdtype(arr.dtype, np.floating):
+                arr = arr.astype(dt)
+            setattr(new, name, arr)
+        new._consts = consts
+        return new
 
     # -- validation
     def _check_x(self, x) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float64)
+        x = np.asarray(x, dtype=self.dtype)
         if x.shape != (self.d,):
             raise SparsimError(f"x has shape {x.shape}: valid shape is ({self.d},) for objective {self.name!r}")
         return x
@@ -166,6 +209,19 @@ class Objective:
             bad = lo if lo < 0 else hi
             raise SparsimError(f"sample index {bad} is out of range: valid 0 <= index <= {self.n - 1}")
         return idx.astype(np.int64, copy=False)
+
+    def _check_idxs(self, idxs) -> np.ndarray:
+        """``idxs`` (P workers' batches: a sequence of P equal-length 1-D integer arrays, or a ``(P, b)`` integer
+        array) as an int64 array ``(P, b)``; SparsimError as :meth:`_check_idx` and unless P >= 1 batches of one
+        length b >= 1."""
+        try:
+            arr = np.asarray(idxs) if isinstance(idxs, np.ndarray) else np.stack([np.asarray(i) for i in idxs])
+        except ValueError:
+            raise SparsimError(f"idxs holds batches of sizes {sorted({np.size(i) for i in idxs})}: valid P >= 1 "
+                               "batches of one size b >= 1") from None
+        if arr.ndim != 2 or arr.size == 0:
+            raise SparsimError(f"idxs has shape {arr.shape}: valid (P, b) with P, b >= 1 (P workers' batches)")
+        return self._check_idx(arr.ravel()).reshape(arr.shape)
 
     # -- interface
     def loss(self, x: np.ndarray) -> float:
@@ -186,6 +242,26 @@ class Objective:
     def batch_loss(self, x: np.ndarray, idx: np.ndarray) -> float:
         """MEAN of f_i(x) over the int64 indices ``idx`` ``(b,)``; float."""
         raise NotImplementedError
+
+    def batch_grads(self, x: np.ndarray, idxs, scratch: dict | None = None) -> np.ndarray:
+        """The P workers' mini-batch gradients at one point: array ``(P, d)`` of :attr:`dtype` whose row p has
+        the bits of ``batch_grad(x, idxs[p])``.
+
+        idxs: P batches of one size b (a sequence of int arrays ``(b,)`` or an int array ``(P, b)``). scratch:
+        a dict the caller keeps for this one point x (see :attr:`shares_point_work`), or None. This fallback
+        calls :meth:`batch_grad` per worker; subclasses vectorise it (module docstring).
+        """
+        x = self._check_x(x)
+        idxs = self._check_idxs(idxs)
+        out = np.empty((idxs.shape[0], self.d), dtype=self.dtype)
+        for p in range(idxs.shape[0]):
+            out[p] = self.batch_grad(x, idxs[p])
+        return out
+
+    def loss_and_grad(self, x: np.ndarray, scratch: dict | None = None) -> tuple[float, np.ndarray]:
+        """(:meth:`loss`, :meth:`full_grad`) at x with their bits, sharing their common work; scratch as in
+        :meth:`batch_grads` (the gradient may then be a read-only array kept in it)."""
+        return self.loss(x), self.full_grad(x)
 
     def constants(self) -> dict:
         """Constants for the bounds of docs/theory.md section 4, as ``{key: {"value", "how", "note"}}``.
@@ -238,10 +314,14 @@ class _SeparableNoisy(Objective):
     and C ``(n, r)`` antithetic: C_{m+i} = -C_i for i < m = n // 2 (rows from ``default_rng([seed, 13])``),
     C_{2m} = 0 when n is odd. Hence sum_i xi_i = 0 in exact arithmetic and f has no linear term
     (``full_grad`` and ``loss`` use the noise-free formula); each coordinate of xi_i has variance ~sigma^2.
-    A batch gradient costs one elementwise pass plus one (r, d) matrix-vector product.
+    A batch gradient costs one elementwise pass plus one (r, d) matrix-vector product; P of them at one point
+    (:meth:`batch_grads`) one elementwise pass (shared, and with ``scratch`` shared with :meth:`loss_and_grad`
+    at the same point) plus P (r, d) matrix-vector products.
     """
 
     _cmax = 1.0  # sup_t |d/dt of the non-convex part| / a
+    _ARITH_ARRAYS = ("lam", "G", "C")
+    shares_point_work = True
 
     def __init__(self, *, d, n, seed, a, lam_min, lam_max, sigma, r):
         self.d = _int_param("d", d, 1, 10**8)
@@ -296,6 +376,40 @@ class _SeparableNoisy(Objective):
             g += c @ self.G
         return g
 
+    def _h_at(self, x, scratch):
+        """g'(lam, x), kept (read-only) in ``scratch`` for the next caller at the same point."""
+        if scratch is None:
+            return self._h(x)
+        h = scratch.get("h")
+        if h is None:
+            h = scratch["h"] = self._h(x)
+            h.flags.writeable = False
+        return h
+
+    def batch_grads(self, x, idxs, scratch=None):
+        """The P rows ``batch_grad(x, idxs[p])`` (same bits): g'(lam, x) once, the P noise coefficient means in
+        one reduction, and the P products c_p G as one ``np.matmul`` of a ``(P, 1, r)`` stack (one BLAS
+        vector-matrix product per worker, as ``c @ G``); array ``(P, d)``."""
+        x = self._check_x(x)
+        idxs = self._check_idxs(idxs)
+        h = self._h_at(x, scratch)
+        P = idxs.shape[0]
+        if self._scale == 0.0:
+            out = np.empty((P, self.d), dtype=h.dtype)
+            out[:] = h
+            return out
+        c = self.C[idxs].mean(axis=1)  # (P, r): row p is C[idxs[p]].mean(axis=0)
+        c *= self._scale
+        out = np.matmul(c[:, None, :], self.G).reshape(P, self.d)
+        out += h  # h + noise, as batch_grad's g += c @ G (IEEE addition commutes)
+        return out
+
+    def loss_and_grad(self, x, scratch=None):
+        """(f(x), grad f(x)) with the bits of :meth:`loss` and :meth:`full_grad`; grad f is the scratch's g'(lam, x)
+        (read-only) when ``scratch`` is given."""
+        x = self._check_x(x)
+        return float(np.sum(self._g(x))), self._h_at(x, scratch)
+
     def batch_loss(self, x, idx):
         """Mean of f_i(x) over ``idx``: f(x) + <mean xi_i, x>; float."""
         x = self._check_x(x)
@@ -312,9 +426,9 @@ class _SeparableNoisy(Objective):
         return np.sqrt(np.maximum(sq, 0.0))
 
     def x0(self, seed: int = 0):
-        """x0 ~ N(0, I_d) from ``default_rng([seed, 99])`` (x = 0 is a stationary point of f); ``(d,)``."""
+        """x0 ~ N(0, I_d) from ``default_rng([seed, 99])`` (x = 0 is a stationary point of f); ``(d,)`` :attr:`dtype`."""
         seed = _int_param("seed", seed, 0)
-        return np.random.default_rng([seed, 99]).standard_normal(self.d)
+        return np.random.default_rng([seed, 99]).standard_normal(self.d).astype(self.dtype, copy=False)
 
     def max_xi_norm(self) -> float:
         """max_i ||xi_i|| (exact, from the r x r Gram matrix of G); float."""
@@ -367,7 +481,10 @@ class SinesObjective(_SeparableNoisy):
     def _g(self, x):
         out = np.cos(x)
         out *= self.a
-        out += 0.5 * self.lam * x * x
+        q = 0.5 * self.lam  # ((0.5 lam) x) x, evaluated in place
+        q *= x
+        q *= x
+        out += q
         return out
 
     def _h(self, x):
@@ -440,8 +557,12 @@ class DoubleWellObjective(_SeparableNoisy):
 
     def _g(self, x):
         t2 = x * x
-        out = 0.5 * self.lam * t2
-        out -= self.a * (t2 / (1.0 + t2))
+        out = 0.5 * self.lam  # (0.5 lam) t2 - a (t2 / (1 + t2)), evaluated in place (IEEE + and * commute)
+        out *= t2
+        q = t2 + 1.0
+        np.divide(t2, q, out=q)
+        q *= self.a
+        out -= q
         return out
 
     def _h(self, x):
@@ -497,6 +618,7 @@ class RobustRegressionObjective(Objective):
     """
 
     name = "robust_regression"
+    _ARITH_ARRAYS = ("vals", "y")
 
     def __init__(self, *, d, n, seed, nnz, noise, outlier_frac, outlier_scale):
         self.d = d = _int_param("d", d, 1, 10**8)
@@ -543,15 +665,37 @@ class RobustRegressionObjective(Objective):
             return np.einsum("ij,ij->i", self.vals, x[self.cols]) - self.y
         return np.einsum("ij,ij->i", self.vals[idx], x[self.cols[idx]]) - self.y[idx]
 
-    def _grad(self, x, idx):
+    def _grad(self, x, idx, resid=None):
         cols = self.cols if idx is None else self.cols[idx]
         vals = self.vals if idx is None else self.vals[idx]
-        w = _dpsi(self._resid(x, idx)) / cols.shape[0]
-        return np.bincount(cols.ravel(), weights=(vals * w[:, None]).ravel(), minlength=self.d)
+        w = _dpsi(self._resid(x, idx) if resid is None else resid) / cols.shape[0]
+        # np.bincount sums in float64: a float32 objective rounds the sums once
+        return np.bincount(cols.ravel(), weights=(vals * w[:, None]).ravel(),
+                           minlength=self.d).astype(self.dtype, copy=False)
 
     def loss(self, x):
         """f(x) = mean_i phi(a_i^T x - y_i); float in [0, 1)."""
         return float(np.mean(_psi(self._resid(self._check_x(x)))))
+
+    def loss_and_grad(self, x, scratch=None):
+        """(f(x), grad f(x)) from one residual vector Ax - y, with the bits of :meth:`loss` and :meth:`full_grad`."""
+        x = self._check_x(x)
+        r = self._resid(x)
+        return float(np.mean(_psi(r))), self._grad(x, None, r)
+
+    def batch_grads(self, x, idxs, scratch=None):
+        """The P rows ``batch_grad(x, idxs[p])`` (same bits): the P b residuals in one ``einsum`` over the stacked
+        rows, and one ``np.bincount`` whose bins are worker p's coordinates offset by p d, so each bin sums
+        the same terms in the same order; array ``(P, d)``."""
+        x = self._check_x(x)
+        idxs = self._check_idxs(idxs)
+        P, b = idxs.shape
+        flat = idxs.ravel()
+        cols, vals = self.cols[flat], self.vals[flat]  # (P b, nnz), worker by worker
+        w = _dpsi(np.einsum("ij,ij->i", vals, x[cols]) - self.y[flat]) / b
+        bins = (cols.reshape(P, -1) + (np.arange(P, dtype=np.int64) * self.d)[:, None]).ravel()
+        out = np.bincount(bins, weights=(vals * w[:, None]).ravel(), minlength=P * self.d)
+        return out.astype(self.dtype, copy=False).reshape(P, self.d)
 
     def full_grad(self, x):
         """grad f(x) = (1/n) A^T phi'(Ax - y); float64 ``(d,)``."""
@@ -570,9 +714,9 @@ class RobustRegressionObjective(Objective):
         return np.abs(_dpsi(self._resid(self._check_x(x)))) * np.sqrt(self.row_sq)
 
     def x0(self, seed: int = 0):
-        """x0 ~ N(0, I_d) from ``default_rng([seed, 99])`` (independent of x_true); ``(d,)``."""
+        """x0 ~ N(0, I_d) from ``default_rng([seed, 99])`` (independent of x_true); ``(d,)`` of :attr:`dtype`."""
         seed = _int_param("seed", seed, 0)
-        return np.random.default_rng([seed, 99]).standard_normal(self.d)
+        return np.random.default_rng([seed, 99]).standard_normal(self.d).astype(self.dtype, copy=False)
 
     def constants(self):
         """L = 2 max ||a_i||^2, L_f = 2 lambda_max(A^T A/n), M = (3 sqrt 3/8) max ||a_i||, f* >= 0."""
@@ -601,6 +745,8 @@ def _dataset_arg(dataset, who: str) -> Dataset:
 
 class _RegularisedData(Objective):
     """Shared parts of the data objectives: regulariser R(x) = lam sum_j psi(x_j) + mu/2 ||x||^2."""
+
+    _ARITH_ARRAYS = ("X",)
 
     def _setup(self, dataset, lam, mu):
         self.dataset = dataset
@@ -637,6 +783,25 @@ class _RegularisedData(Objective):
         x = self._check_x(x)
         return self._data_grad(x, self._check_idx(idx)) + self._reg_grad(x)
 
+    def batch_grads(self, x, idxs, scratch=None):
+        """The P rows ``batch_grad(x, idxs[p])`` (same bits): dense data stack the P batches' rows ``(P, b, p)`` and
+        make each worker's BLAS products through ``np.matmul`` on the stack (subclasses' ``_data_grads``), grad R(x)
+        once; CSR data keep the per-worker loop (module docstring). Array ``(P, d)``."""
+        if self.sparse:
+            return super().batch_grads(x, idxs, scratch)
+        x = self._check_x(x)
+        idxs = self._check_idxs(idxs)
+        out = self._data_grads(x, idxs)
+        out += self._reg_grad(x)  # data + grad R, as batch_grad's sum
+        return out
+
+    def loss_and_grad(self, x, scratch=None):
+        """(f(x), grad f(x)) from one pass over the data (subclasses' ``_data_loss_grad``), with the bits of
+        :meth:`loss` and :meth:`full_grad`."""
+        x = self._check_x(x)
+        dl, dg = self._data_loss_grad(x)
+        return dl + self._reg_val(x), dg + self._reg_grad(x)
+
     def _reg_val(self, x):
         v = 0.0
         if self.lam:
@@ -646,15 +811,15 @@ class _RegularisedData(Objective):
         return v
 
     def _reg_grad(self, x):
-        g = np.zeros(x.shape[0]) if not self.lam else self.lam * _dpsi(x)
+        g = np.zeros(x.shape[0], dtype=x.dtype) if not self.lam else self.lam * _dpsi(x)
         if self.mu:
             g += self.mu * x
         return g
 
     def x0(self, seed: int = 0):
-        """x0 = 0 (``seed`` is validated and unused); float64 ``(d,)``."""
+        """x0 = 0 (``seed`` is validated and unused); ``(d,)`` of :attr:`dtype`."""
         _int_param("seed", seed, 0)
-        return np.zeros(self.d)
+        return np.zeros(self.d, dtype=self.dtype)
 
     def _reg_note(self):
         return "lam psi'' in [-lam/2, 2 lam] (psi'' in [-1/2, 2]) plus mu"
@@ -703,19 +868,36 @@ class LogisticObjective(_RegularisedData):
         self.s = 2.0 * ds.y.astype(np.float64) - 1.0
         self.params = dict(dataset=ds.name, lam=self.lam, mu=self.mu)
 
+    _ARITH_ARRAYS = ("X", "s")
+
     def _margins(self, x, idx):
         s = self.s if idx is None else self.s[idx]
         return s, s * (self._rows(idx) @ x)
 
-    def _data_grad(self, x, idx):
-        """Mean over idx of -s_i sigma(-s_i a_i^T x) a_i; float64 (d,)."""
-        s, m = self._margins(x, idx)
+    def _data_grad(self, x, idx, sm=None):
+        """Mean over idx of -s_i sigma(-s_i a_i^T x) a_i; float64 (d,). sm: the (s, margins) of idx if known."""
+        s, m = self._margins(x, idx) if sm is None else sm
         coef = -s * expit(-m) / m.shape[0]
         return np.asarray(self._rows(idx).T @ coef).ravel()
 
-    def _data_loss(self, x, idx):
+    def _data_loss(self, x, idx, sm=None):
         """Mean logistic loss log(1 + exp(-s_i a_i^T x)) over idx; float."""
-        return float(np.mean(np.logaddexp(0.0, -self._margins(x, idx)[1])))
+        m = self._margins(x, idx)[1] if sm is None else sm[1]
+        return float(np.mean(np.logaddexp(0.0, -m)))
+
+    def _data_loss_grad(self, x):
+        sm = self._margins(x, None)
+        return self._data_loss(x, None, sm), self._data_grad(x, None, sm)
+
+    def _data_grads(self, x, idxs):
+        """(P, d): row p = _data_grad(x, idxs[p]); the stack's np.matmul makes worker p's two matrix-vector
+        products with that worker's shapes and strides (one BLAS gemv each, as the per-worker path)."""
+        P, b = idxs.shape
+        Xs = self.X[idxs]  # (P, b, p)
+        s = self.s[idxs]
+        m = s * np.matmul(Xs, x)  # (P, b): worker p's rows @ x
+        coef = -s * expit(-m) / b
+        return np.matmul(Xs.transpose(0, 2, 1), coef[:, :, None]).reshape(P, self.d)
 
     def sample_grad_norms(self, x):
         """||c_i a_i + r|| via c_i^2 ||a_i||^2 + 2 c_i <a_i, r> + ||r||^2; float64 ``(n,)``."""
@@ -802,6 +984,37 @@ class SoftmaxObjective(_RegularisedData):
         R = self._resid(x, idx)
         G = np.asarray(self._rows(idx).T @ R)  # (p, C)
         return np.ascontiguousarray(G.T).ravel() / R.shape[0]
+
+    def _data_loss_grad(self, x):
+        """_data_loss and _data_grad over all samples from one score matrix, sharing the row max, the exponentials
+        and their row sums (the same operations on the same values as _lse and _resid, so the same bits)."""
+        Z = self._scores(x, None)
+        rows = np.arange(Z.shape[0])
+        mx = Z.max(axis=1)
+        zy = Z[rows, self.y]
+        Z -= mx[:, None]
+        E = np.exp(Z)
+        tot = np.sum(E, axis=1)
+        loss = float(np.mean((mx + np.log(tot)) - zy))
+        E /= tot[:, None]
+        E[rows, self.y] -= 1.0
+        G = np.asarray(self.X.T @ E)  # (p, C)
+        return loss, np.ascontiguousarray(G.T).ravel() / E.shape[0]
+
+    def _data_grads(self, x, idxs):
+        """(P, d): row p = _data_grad(x, idxs[p]); np.matmul on the stack makes worker p's two matrix products
+        with that worker's shapes and strides (one BLAS gemm each, as the per-worker path), and the softmax
+        reductions run along each sample's C scores as there."""
+        P, b = idxs.shape
+        Xs = self.X[idxs]  # (P, b, p)
+        W = x.reshape(self.C, self.p)
+        Z = np.matmul(Xs, W.T)  # (P, b, C)
+        Z -= Z.max(axis=2)[:, :, None]
+        R = np.exp(Z)
+        R /= R.sum(axis=2)[:, :, None]
+        R[np.arange(P)[:, None], np.arange(b)[None, :], self.y[idxs]] -= 1.0
+        G = np.matmul(Xs.transpose(0, 2, 1), R)  # (P, p, C)
+        return np.ascontiguousarray(G.transpose(0, 2, 1)).reshape(P, self.d) / b
 
 
     def sample_grad_norms(self, x):

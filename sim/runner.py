@@ -2,7 +2,9 @@
 
 :func:`run_algorithm` drives :func:`sim.algorithms.sgd_step` for every worker on either the SimPy
 cluster (simulated time from the network and compute models) or the lock-step driver (numerics
-only, no clock: the baseline of the event-overhead benchmark). Both produce identical numbers.
+only, no clock: the baseline of the event-overhead benchmark). Both produce identical numbers. Both take
+the workers' gradients of an iteration from one batched objective call (:class:`BatchedGradients`), with the
+bits of the per-worker calls.
 
 Metrics row columns (units): see :data:`METRIC_COLUMNS` and the README.
 """
@@ -22,8 +24,8 @@ from .drivers import run_lockstep
 from .errors import DIVERGENCE_LIMIT, NonFiniteError, SparsimError, check_range
 from .network import NetworkSpec
 
-__all__ = ["METRIC_COLUMNS", "Workers", "run_algorithm", "StepStats", "step_stats", "MetricsRecorder", "CLOCK_RTOL",
-           "ARRAYS_PER_RANK", "ARRAYS_SHARED"]
+__all__ = ["METRIC_COLUMNS", "Workers", "BatchedGradients", "run_algorithm", "StepStats", "step_stats",
+           "MetricsRecorder", "CLOCK_RTOL", "ARRAYS_PER_RANK", "ARRAYS_SHARED"]
 
 #: The clock a run reports must resolve every iteration: the float64 spacing of the clock's value
 #: (``math.ulp(sim_time_s)``) at most CLOCK_RTOL x ``iter_time_s``, so that rounding the clock moves no step of an
@@ -63,9 +65,78 @@ class Workers:
     seed: int
 
     def grad_fn(self, rank: int, iteration: int) -> Callable[[np.ndarray], np.ndarray]:
-        """Worker ``rank``'s stochastic gradient at ``iteration``: v -> mean of grad f_i over its batch."""
+        """Worker ``rank``'s stochastic gradient at ``iteration``: v -> mean of grad f_i over its batch.
+
+        The per-worker path (one objective call per worker; the torch backend's, where each process is one
+        worker). The simulated drivers use :class:`BatchedGradients`, which gives the same bits."""
         idx = minibatch(self.shards[rank], self.b, self.seed, rank, iteration)
         return lambda v: self.objective.batch_grad(v, idx)
+
+    def batch_indices(self, iteration: int) -> np.ndarray:
+        """Every worker's mini-batch at ``iteration``: int64 array (P, b), row r = ``grad_fn(r, iteration)``'s."""
+        return np.stack([minibatch(s, self.b, self.seed, r, iteration) for r, s in enumerate(self.shards)])
+
+
+class BatchedGradients:
+    """The P workers' stochastic gradients of an iteration computed in one objective call, for the simulated drivers.
+
+    In synchronous S-SGD every worker starts iteration t from the same parameters v_{t-1}: each applies the same
+    update g (every collective hands every rank the same bits of g) to the same v_{t-2}. So the first worker
+    to ask for its gradient at iteration t (:meth:`grad_fn`, the ``grad_fn`` that :func:`sim.algorithms.sgd_step`
+    calls) has all P computed at its v by ``objective.batch_grads`` (one vectorised call; row r has the bits of
+    worker r's own ``batch_grad``), and each worker then takes its row. A worker whose v is not that v
+    (compared exactly; it does not happen in S-SGD) gets its own ``batch_grad`` at its own v instead, so the
+    numbers never depend on the batching. The sans-I/O program keeps its one definition: it still asks
+    ``grad_fn(v)`` for its gradient.
+
+    :meth:`scratch` gives the objective's scratch dict for a point (``shares_point_work`` objectives reuse work
+    between the batch gradients at v_t and the metrics' full gradient at v_t; :class:`MetricsRecorder`).
+    Workers whose gradients are not :class:`Workers`' own (a duck-typed object with its own ``grad_fn``) and an
+    objective without ``batch_grads`` are asked once per worker (``workers.grad_fn``), as before batching.
+    """
+
+    def __init__(self, workers: Workers):
+        self.workers = workers
+        obj = workers.objective
+        self._batched = (hasattr(obj, "batch_grads") and getattr(type(workers), "grad_fn", None) is Workers.grad_fn
+                         and getattr(type(workers), "batch_indices", None) is Workers.batch_indices)
+        self._shares = bool(getattr(obj, "shares_point_work", False))
+        self._pending: dict[int, list] = {}  # t -> [v, G (P, d), idxs (P, b), rows not yet taken]
+        self._point: tuple | None = None  # (v, scratch dict) of the latest point
+
+    def scratch(self, v: np.ndarray) -> dict | None:
+        """The objective's scratch dict for point v (None unless the objective shares work at a point): the
+        latest point's dict when v is that point (the same array, or equal bits), else a fresh one."""
+        if not self._shares:
+            return None
+        if self._point is not None and _same_point(self._point[0], v):
+            return self._point[1]
+        self._point = (v, {})
+        return self._point[1]
+
+    def grad_fn(self, rank: int, iteration: int) -> Callable[[np.ndarray], np.ndarray]:
+        """Worker ``rank``'s stochastic gradient at ``iteration``: v -> its row of the iteration's batch."""
+        if not self._batched:
+            return self.workers.grad_fn(rank, iteration)
+        return lambda v: self._row(rank, iteration, v)
+
+    def _row(self, rank: int, t: int, v: np.ndarray) -> np.ndarray:
+        w = self.workers
+        ent = self._pending.get(t)
+        if ent is None:
+            idxs = w.batch_indices(t)
+            ent = self._pending[t] = [v, w.objective.batch_grads(v, idxs, self.scratch(v)), idxs, len(w.shards)]
+        ent[3] -= 1
+        if ent[3] == 0:
+            del self._pending[t]
+        if _same_point(ent[0], v):
+            return ent[1][rank]
+        return w.objective.batch_grad(v, ent[2][rank])
+
+
+def _same_point(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether a and b are the same point: the same array, or the same dtype, shape and bits."""
+    return a is b or (a.dtype == b.dtype and np.array_equal(a, b))
 
 
 @dataclass(frozen=True)
@@ -107,23 +178,31 @@ def step_stats(spec: AlgorithmSpec, outs: list[StepOutput]) -> StepStats:
     sum_acc = _sum_rows(o.acc for o in outs)
     sum_res = _sum_rows(o.residual for o in outs)
     g = outs[0].update
-    G = _sum_rows(o.grad for o in outs) / P
+    G = _sum_rows(o.grad for o in outs)  # a fresh array: divided in place
+    G /= P
     delta = None
+    diff = None  # sum_acc - g, once
     if spec.name != "dense":
         K = spec.total_k(d)
         if K < d:
-            num = float(np.dot(sum_acc - g, sum_acc - g))
+            diff = sum_acc - g
+            num = float(np.dot(diff, diff))
             den = (1.0 - K / d) * float(np.dot(sum_acc, sum_acc))
             # sum_p acc_p = 0: the assumption holds trivially when g = 0 too (delta 0); if g != 0 the ratio is
             # undefined (nan, an empty metrics cell) and the assumption fails this step
             delta = num / den if den > 0 else (0.0 if num == 0 else math.nan)
-    eps = sum_res / P
     n_sel = sum(o.n_selected for o in outs)
     if d:
         # one max per segment (np.maximum.reduceat over the segment starts; NaN propagates), then their max
-        seg_err = np.maximum.reduceat(np.abs(sum_acc - g - sum_res), spec.segment_bounds(d)[:-1])
+        if diff is None:
+            diff = sum_acc - g
+        diff = _minus(diff, sum_res)  # sum_acc - g - sum_res
+        np.abs(diff, out=diff)
+        seg_err = np.maximum.reduceat(diff, spec.segment_bounds(d)[:-1])
     else:
         seg_err = np.zeros(1)
+    eps = sum_res  # a fresh array: divided in place, after its last other use above
+    eps /= P
     return StepStats(
         stoch_grad_norm_sq=float(G @ G),
         residual_norm_sq=float(eps @ eps),
@@ -134,6 +213,14 @@ def step_stats(spec: AlgorithmSpec, outs: list[StepOutput]) -> StepStats:
         mean_residual=eps,
         segment_mass_errors=seg_err,
     )
+
+
+def _minus(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a - b, written into ``a`` (a fresh array the caller owns) when that keeps the dtype ``a - b`` would have."""
+    if a.dtype == np.result_type(a, b):
+        a -= b
+        return a
+    return a - b
 
 
 def _sum_rows(arrays) -> np.ndarray:
@@ -152,7 +239,9 @@ class MetricsRecorder:
 
     The simulated drivers (:func:`run_algorithm`) and the torch backend (:mod:`sim.torch_backend`,
     on rank 0) feed it the P :class:`~sim.algorithms.StepOutput` of iteration t plus the clock, so the
-    rows have one definition. objective: the :class:`sim.objectives.Objective` (loss, full_grad).
+    rows have one definition. objective: the :class:`sim.objectives.Objective` (loss_and_grad, or loss and
+    full_grad). scratch: optional v -> the objective's scratch dict for point v (:meth:`BatchedGradients.scratch`),
+    so that the full gradient reuses work done there for the batch gradients.
     T, lr, x0, eval_every, on_row, on_step: as in :func:`run_algorithm`. Creating it evaluates the
     objective at x0 and emits row 0. Attributes: ``rows`` (list of dicts, :data:`METRIC_COLUMNS`).
 
@@ -165,9 +254,11 @@ class MetricsRecorder:
 
     def __init__(self, spec: AlgorithmSpec, objective, *, T: int, lr: Callable[[int], float], x0: np.ndarray,
                  eval_every: int = 1, on_row: Callable[[dict], None] | None = None,
-                 on_step: Callable[[int, list[StepOutput]], None] | None = None):
+                 on_step: Callable[[int, list[StepOutput]], None] | None = None,
+                 scratch: Callable[[np.ndarray], dict | None] | None = None):
         self.spec, self.obj, self.T, self.lr, self.eval_every = spec, objective, T, lr, eval_every
         self.on_row, self.on_step = on_row, on_step
+        self._scratch = scratch
         self.rows: list[dict] = []
         self.d = x0.shape[0]
         # the auxiliary sequence x_t = x_{t-1} - alpha_t G_t (docs/theory.md section 3). v_t has applied only what
@@ -175,8 +266,8 @@ class MetricsRecorder:
         # (the norm ||x_t - v_t|| = ||eps_t|| that the bounds use is the same).
         self.x_aux = x0.copy()
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below
-            g0 = objective.full_grad(x0)
-            loss0, gn0 = objective.loss(x0), float(g0 @ g0)
+            loss0, g0 = self._loss_and_grad(x0)
+            gn0 = float(g0 @ g0)
         if not (abs(loss0) <= DIVERGENCE_LIMIT and gn0 <= DIVERGENCE_LIMIT ** 2):
             raise NonFiniteError(
                 f"at the initial point (iteration 0) of {spec.label}: loss = {loss0:.4g}, ||grad f||^2 = {gn0:.4g} "
@@ -186,6 +277,14 @@ class MetricsRecorder:
         self._prev_time = 0.0
         self._prev_busy = None
         self._prev_bytes = None
+
+    def _loss_and_grad(self, v):
+        """(f(v), grad f(v)): the objective's ``loss_and_grad`` (one pass for both; with the scratch of point v
+        when the recorder has one), or ``loss`` and ``full_grad`` for an objective without it."""
+        obj = self.obj
+        if hasattr(obj, "loss_and_grad"):
+            return obj.loss_and_grad(v, self._scratch(v) if self._scratch is not None else None)
+        return obj.loss(v), obj.full_grad(v)
 
     def _emit(self, row):
         self.rows.append(row)
@@ -208,15 +307,23 @@ class MetricsRecorder:
             self.on_step(t, outs)
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below as divergence
             st = step_stats(spec, outs)
-        self.x_aux = self.x_aux - lr(t) * st.mean_grad
+        step = lr(t) * st.mean_grad
+        if step.dtype == np.result_type(self.x_aux, step):  # x_aux - step, written into step
+            self.x_aux = np.subtract(self.x_aux, step, out=step)
+        else:
+            self.x_aux = self.x_aux - step
         v = outs[0].v
         eps = st.mean_residual
-        aux_gap = float(np.max(np.abs((v - self.x_aux) - eps))) if d else 0.0  # v_t - x_t = eps_t
+        if d:  # v_t - x_t = eps_t
+            gap = _minus(v - self.x_aux, eps)
+            aux_gap = float(np.max(np.abs(gap, out=gap)))
+        else:
+            aux_gap = 0.0
         lim, lim_sq = DIVERGENCE_LIMIT, DIVERGENCE_LIMIT ** 2
         if self._evaluate(t):
             with np.errstate(over="ignore", invalid="ignore"):
-                gf = obj.full_grad(v)
-                loss, gn = obj.loss(v), float(gf @ gf)
+                loss, gf = self._loss_and_grad(v)
+                gn = float(gf @ gf)
             diverged = not (abs(loss) <= lim and gn <= lim_sq)  # NaN fails too
         else:
             loss = gn = math.nan
@@ -262,14 +369,16 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
                   on_step: Callable[[int, list[StepOutput]], None] | None = None) -> list[dict]:
     """Run T iterations of ``spec`` on ``len(workers.shards)`` workers; return the metrics rows.
 
-    lr: t -> alpha_t (t = 1..T, > 0). x0: float array (d,), v_0 = x_0 on every worker.
+    lr: t -> alpha_t (t = 1..T, > 0). x0: float64 or float32 array (d,), v_0 = x_0 on every worker; its dtype is the
+    arithmetic of parameters, accumulators and residuals (the objective's, :meth:`sim.objectives.Objective.astype`,
+    for gradients too), and ``spec.value_bytes`` may not exceed its item size.
     driver: "simpy" (needs ``network``; times from the network and compute models) or "lockstep"
     (numerics only; time columns are 0). eval_every: compute loss and grad_norm_sq of the full
     objective every this many iterations (and at the first and last); other rows leave them empty (nan).
     on_row(row) is called after each row (progress bars); on_step(t, outs) sees the raw outputs (tests).
-    Row 0 holds the initial point. Raises SparsimError for bad T, k, P or eval_every, NonFiniteError
-    naming worker and iteration if a gradient becomes NaN/Inf, naming the iteration, the algorithm and the
-    value when the run diverges (:data:`sim.errors.DIVERGENCE_LIMIT`), and SparsimError when the clock cannot
+    Row 0 holds the initial point. Raises SparsimError for bad T, k, P, eval_every, x0 dtype or value_bytes,
+    NonFiniteError naming worker and iteration if a gradient becomes NaN/Inf, naming the iteration, the algorithm
+    and the value when the run diverges (:data:`sim.errors.DIVERGENCE_LIMIT`), and SparsimError when the clock cannot
     resolve an iteration (:class:`MetricsRecorder`) or a time quantum truncates a hop to 0
     (:class:`sim.network.NetworkSpec`).
     """
@@ -280,13 +389,20 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
     obj = workers.objective
     d = x0.shape[0]
     spec.check_dim(d)
+    if x0.dtype not in (np.float32, np.float64):
+        raise SparsimError(f"x0 has dtype {x0.dtype}: valid float64 or float32 (the run's arithmetic)")
+    if spec.value_bytes > x0.dtype.itemsize:
+        raise SparsimError(f"value_bytes = {spec.value_bytes} with {x0.dtype} arithmetic: a value is "
+                           f"{x0.dtype.itemsize} bytes on the wire: valid value_bytes <= {x0.dtype.itemsize}")
     if driver == "simpy":
         from .timing import check_cluster_matches
 
         check_cluster_matches(spec, network)
     if driver not in ("simpy", "lockstep"):
         raise ValueError(f"driver = {driver!r}: valid simpy, lockstep")
-    rec = MetricsRecorder(spec, obj, T=T, lr=lr, x0=x0, eval_every=eval_every, on_row=on_row, on_step=on_step)
+    grads = BatchedGradients(workers)
+    rec = MetricsRecorder(spec, obj, T=T, lr=lr, x0=x0, eval_every=eval_every, on_row=on_row, on_step=on_step,
+                          scratch=grads.scratch)
     rows = rec.rows
     finish_iteration = rec.finish_iteration
 
@@ -294,7 +410,7 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
         vs = [x0.copy() for _ in range(P)]
         res = [np.zeros_like(x0) for _ in range(P)]
         for t in range(1, T + 1):
-            progs = [sgd_step(spec, r, P, vs[r], res[r], workers.grad_fn(r, t), workers.b, lr(t), t) for r in range(P)]
+            progs = [sgd_step(spec, r, P, vs[r], res[r], grads.grad_fn(r, t), workers.b, lr(t), t) for r in range(P)]
             outs = run_lockstep(progs)
             vs = [o.v for o in outs]
             res = [o.residual for o in outs]
@@ -308,7 +424,7 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
     def proc(r):
         v, res = x0.copy(), np.zeros_like(x0)
         for t in range(1, T + 1):
-            prog = sgd_step(spec, r, P, v, res, workers.grad_fn(r, t), workers.b, lr(t), t)
+            prog = sgd_step(spec, r, P, v, res, grads.grad_fn(r, t), workers.b, lr(t), t)
             out = yield from cluster.execute(r, prog, t)
             v, res = out.v, out.residual
             slot = pending.setdefault(t, [None] * P)
