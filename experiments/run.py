@@ -200,14 +200,14 @@ def build(sc: Scenario, check=None) -> Built:
 
 
 def run_id(sc: Scenario, backend: str = "sim") -> str:
-    """A run's identity in metrics.csv's ``run_id`` column: the first 16 hex digits of the sha256 of the resolved
-    scenario (canonical JSON) and the backend, so rows of different runs concatenated stay apart and the same
-    scenario gives the same id on every machine. training.dtype enters only when it is not the default float64
-    (runs made before that key existed keep their ids)."""
+    """A run's identity in metrics.csv's ``run_id`` column: the first 16 hex digits of the sha256 of the keys the
+    run uses (:func:`experiments.scenario.used_keys_dump`, canonical JSON) and the backend, so rows of different
+    runs concatenated stay apart, the same scenario gives the same id on every machine, and a key added for
+    another kind of run does not change this one's id. training.dtype enters only when it is not float64."""
     import hashlib
 
-    dump = sc.model_dump()
-    if dump["training"].get("dtype") == "float64":  # the default arithmetic: the ids of runs made before the key
+    dump = used_keys_dump(sc, backend if backend in ("sim", "torch") else "sim")
+    if dump.get("training", {}).get("dtype") == "float64":  # the default arithmetic
         del dump["training"]["dtype"]
     text = json.dumps({"scenario": dump, "backend": backend}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -289,11 +289,13 @@ def test_cli_float32_run_and_the_default_run_id(tmp_path):
     assert len(rows) == 3 * 7 and all(np.isfinite(float(x["loss"])) for x in rows)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["scenario"]["training"]["dtype"] == "float32"
-    # the default dtype leaves the run id as it was before the key existed; float32 is another run
+    # the id hashes the keys the run uses; the default dtype does not enter it, float32 is another run
     import hashlib
 
+    from experiments.scenario import used_keys_dump
+
     sc = load_scenario(None)
-    dump = sc.model_dump()
+    dump = used_keys_dump(sc)
     del dump["training"]["dtype"]
     old = hashlib.sha256(json.dumps({"scenario": dump, "backend": "sim"}, sort_keys=True,
                                     default=str).encode()).hexdigest()[:16]
