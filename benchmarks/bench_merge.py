@@ -64,41 +64,9 @@ HEADER = ["case", "k", "P", "d", "dtype", "path", "before_ms", "after_ms", "spee
 # ---------------------------------------------------------------- the code as it was (issue 12's "before")
 
 
-def _old_topk_select_indices(absx, k):
-    n = absx.shape[0]
-    if k >= n:
-        return np.arange(n, dtype=np.int64)
-    thr = np.partition(absx, n - k)[n - k]
-    above = np.flatnonzero(absx > thr)
-    need = k - above.shape[0]
-    ties = np.flatnonzero(absx == thr)[:need]
-    out = np.concatenate([above, ties]).astype(np.int64, copy=False)
-    out.sort()
-    return out
-
-
-def old_merge(a: Sparse, b: Sparse, k: int) -> Sparse:
-    idx = np.union1d(a.idx, b.idx)
-    val = np.zeros(idx.shape[0], dtype=np.result_type(a.val.dtype, b.val.dtype))
-    val[np.searchsorted(idx, a.idx)] += a.val
-    val[np.searchsorted(idx, b.idx)] += b.val
-    if idx.shape[0] > k:
-        keep = _old_topk_select_indices(np.abs(val), k)
-        idx, val = idx[keep], val[keep]
-    nz = val != 0
-    return Sparse(idx[nz], val[nz], a.d)
-
-
-def old_survive(self, support):
-    for _, idx, alive in self.sources:
-        alive &= np.isin(idx, support, assume_unique=True)
-
-
-def old_sum(blocks, d, dtype):
-    g = np.zeros(d, dtype=dtype)
-    for b in blocks:
-        g[b.idx] += b.val
-    return g
+from sim.reference import ref_merge as old_merge  # noqa: E402  (the code as it was)
+from sim.reference import ref_sum as old_sum  # noqa: E402
+from sim.reference import ref_survive as old_survive  # noqa: E402
 
 
 # ---------------------------------------------------------------- timing

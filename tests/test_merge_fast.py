@@ -25,46 +25,7 @@ from sim.runner import Workers, run_algorithm
 # ---------------------------------------------------------------- the former implementations (references)
 
 
-def _ref_topk_select_indices(absx, k):
-    n = absx.shape[0]
-    if k >= n:
-        return np.arange(n, dtype=np.int64)
-    thr = np.partition(absx, n - k)[n - k]
-    above = np.flatnonzero(absx > thr)
-    need = k - above.shape[0]
-    ties = np.flatnonzero(absx == thr)[:need]
-    out = np.concatenate([above, ties]).astype(np.int64, copy=False)
-    out.sort()
-    return out
-
-
-def ref_merge(a: Sparse, b: Sparse, k: int) -> Sparse:
-    """sim.compression.merge before issue #12 (k already checked)."""
-    if a.d != b.d:
-        raise SparsimError("dimensions must match")
-    idx = np.union1d(a.idx, b.idx)
-    val = np.zeros(idx.shape[0], dtype=np.result_type(a.val.dtype, b.val.dtype))
-    val[np.searchsorted(idx, a.idx)] += a.val
-    val[np.searchsorted(idx, b.idx)] += b.val
-    if idx.shape[0] > k:
-        keep = _ref_topk_select_indices(np.abs(val), k)
-        idx, val = idx[keep], val[keep]
-    nz = val != 0
-    return Sparse(idx[nz], val[nz], a.d)
-
-
-def ref_survive(self, support):
-    """sim.collectives._Tracker.survive before issue #12."""
-    for _, idx, alive in self.sources:
-        alive &= np.isin(idx, support, assume_unique=True)
-
-
-def ref_sum(blocks, d, dtype):
-    """The dense sum of sim.collectives._sum_in_rank_order before issue #12 (with the accumulator's dtype)."""
-    g = np.zeros(d, dtype=dtype)
-    for b in blocks:
-        g[b.idx] += b.val
-    return g
+from sim.reference import ref_merge, ref_sum, ref_survive  # noqa: E402  (the former implementations)
 
 
 def _same_bits(x: np.ndarray, y: np.ndarray) -> bool:
