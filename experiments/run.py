@@ -312,7 +312,7 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
                               "--backend sim (without --nproc)")
         from .workload_run import run_workload
 
-        return run_workload(sc, out, force=force, progress=progress, figure=figure)
+        return run_workload(sc, out, force=force, progress=progress, figure=figure, yes=yes)
     timeout_s, dist_backend = sc.torch.timeout_s, sc.torch.dist_backend
     backend_allreduce = sc.torch.backend_allreduce
     if backend == "sim" and (nproc is not None or backend_allreduce):

@@ -85,7 +85,13 @@ def _policy(sc: Scenario) -> TimelinePolicy:
                           cycle_time_s=w.cycle_time_s, blocking=w.hook_blocks_backward)
 
 
-def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = True, figure: bool = True) -> Path:
+#: Most metrics rows (iterations x algorithms) a workload run writes without ``--yes``: 10^6 rows is about 0.5 GB
+#: of metrics.csv and minutes of wall time; beyond it the timing of a steady state is better read from fewer.
+MAX_ROWS_WITHOUT_YES = 1_000_000
+
+
+def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = True, figure: bool = True,
+                 yes: bool = False) -> Path:
     """Simulate every algorithm of ``sc`` on its workload and write the run directory ``out`` (module docstring).
 
     Returns the directory's path. Raises ConfigError for bad settings (an existing non-empty ``out`` unless
@@ -100,6 +106,10 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
     if late:
         raise ConfigError(f"workload.trace_iterations = {w.trace_iterations}: valid 1 <= iteration <= "
                           f"training.iterations = {T}")
+    rows_n = T * len(sc.algorithms)
+    if rows_n > MAX_ROWS_WITHOUT_YES and not yes:
+        raise ConfigError(f"training.iterations = {T} x {len(sc.algorithms)} algorithms = {rows_n} metrics rows (about "
+                          f"{rows_n * 500 / 1e9:.1f} GB of metrics.csv): valid <= {MAX_ROWS_WITHOUT_YES} rows, or pass --yes")
     check_out(out, force)
     wl, dev = resolve_workload(sc)
     net = build_network(sc.cluster, timing_only=True)

@@ -184,3 +184,10 @@ def test_blocking_hook_key_is_the_timeline_option(tmp_path):
     # a blocking hook hides nothing: the iteration is compute + every selection + every collective
     assert float(row["iter_time_s"]) == pytest.approx(
         float(row["compute_s"]) + float(row["compress_s"]) + float(row["comm_s"]), rel=1e-12)
+
+
+def test_a_huge_workload_run_needs_yes(tmp_path):
+    r = _run(["run", "--out", str(tmp_path / "r"), "--quiet", "--set", 'workload.model="resnet20-cifar"',
+              "--set", "training.iterations=10000000"])
+    assert r.exit_code == 2 and "30000000 metrics rows" in r.output and "--yes" in r.output
+    assert not (tmp_path / "r").exists()
