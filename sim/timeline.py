@@ -246,16 +246,23 @@ class CollectiveTimer:
                                            jitter="none", jitter_scale=0.0, straggler_prob=0.0, straggler_factor=1.0)
         self._cache: dict = {}
 
-    def __call__(self, spec: AlgorithmSpec, numel: int) -> float:
-        """Seconds of spec's collective over numel elements (spec.k already the bucket's k)."""
+    def _run(self, spec: AlgorithmSpec, numel: int) -> tuple[float, float]:
         key = (spec, int(numel))
         if key not in self._cache:
             from .timing import simulate_timing
 
             r = simulate_timing(spec, self.P, int(numel), network=self.network, compute=self.compute,
                                 iterations=1, engine=self.engine)
-            self._cache[key] = float(r.iter_s[0])
+            self._cache[key] = (float(r.iter_s[0]), r.bytes / self.P)
         return self._cache[key]
+
+    def __call__(self, spec: AlgorithmSpec, numel: int) -> float:
+        """Seconds of spec's collective over numel elements (spec.k already the bucket's k)."""
+        return self._run(spec, numel)[0]
+
+    def wire_bytes(self, spec: AlgorithmSpec, numel: int) -> float:
+        """Bytes the collective puts on the wire per rank (the mean over ranks, as metrics.csv's bytes_sent)."""
+        return self._run(spec, numel)[1]
 
 
 @dataclass
@@ -283,7 +290,10 @@ class TimelineResult:
     durations; exposed_comm_s: iter_s - compute_s; overlap_ratio: 1 - exposed / (comm + compress) in [0, 1]
     (0 when nothing is communicated). buckets: the communication operations (:class:`Bucket`) in order (Horovod: the fused buffers of the last
     iteration, which depend on the ready times), with
-    ks: their k (None for dense). timelines: the :class:`IterationTimeline` of each traced iteration.
+    ks: their k (None for dense). bytes_per_rank: bytes one rank puts on the wire per iteration (the mean over
+    ranks, from the collectives' simulation; metrics.csv's bytes_sent, as in a numerics run). timelines: the
+    :class:`IterationTimeline` of each traced iteration (communication slices carry ``bytes``, the wire bytes
+    per rank, and ``payload_bytes``, what the rank contributes: 4 d_b dense, (value + index bytes) k_b sparse).
     """
 
     iter_s: np.ndarray
@@ -294,7 +304,7 @@ class TimelineResult:
     overlap_ratio: np.ndarray
     buckets: list
     ks: list
-    bytes_per_rank: int
+    bytes_per_rank: float
     timelines: list
 
 
@@ -384,7 +394,7 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
             ks = [None] * len(buckets)  # the fused buffers of this iteration (they depend on the ready times)
             for bi, ((grp, s, e), b) in enumerate(zip(sched, buckets)):
                 ops.append((f"fused buffer {bi} ({len(grp)} tensors)", b, None, np.full(P, s), 0.0, s, e,
-                            b.numel * spec.value_bytes))
+                            (timer.wire_bytes(spec, b.numel), b.numel * spec.value_bytes)))
             free = sched[-1][2] if sched else 0.0
             sel_total = 0.0
         else:
@@ -396,7 +406,8 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
                 sel_end = np.maximum(rdy, free) + sel
                 cs = float(sel_end.max())
                 ce = cs + timer(bs, b.numel)
-                ops.append((f"bucket {bi}", b, k, rdy, sel, cs, ce, _bytes_of(spec, b.numel, k)))
+                ops.append((f"bucket {bi}", b, k, rdy, sel, cs, ce,
+                            (timer.wire_bytes(bs, b.numel), _bytes_of(spec, b.numel, k))))
                 free = ce
                 sel_total += sel
                 if policy.blocking:  # the compute stream, stopped at base + shift, resumes at ce
@@ -414,7 +425,7 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
         out["comm"][t - 1] = comm
         out["exposed"][t - 1] = exposed
         out["overlap"][t - 1] = min(1.0, max(0.0, 1.0 - exposed / denom)) if denom > 0 else 0.0
-        nbytes = int(sum(o[7] for o in ops))
+        nbytes = float(sum(o[7][0] for o in ops))
         if t in trace_set:
             tl = IterationTimeline(t, it_s, float(out["iter"][: t - 1].sum()))
             for r in range(R):
@@ -440,7 +451,7 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
                     if sel > 0:
                         s0 = max(float(rdy[r]), prev)
                         m.append((f"select {name}", s0, s0 + sel, {"elements": b.numel, "k": k}))
-                    args = {"bytes": nb, "elements": (b.numel if b is not None else nb // spec.value_bytes)}
+                    args = {"bytes": nb[0], "payload_bytes": nb[1], "elements": b.numel}
                     if k is not None:
                         args["k"] = k
                     m.append((f"{_coll_name(spec)} {name}", cs, ce, args))

@@ -70,6 +70,10 @@ def test_no_overlap_run_equals_timing_only_model(tmp_path):
                               compute=ComputeModel(forward_backward_s=float(f.sum() + b.sum())))
         row = [x for x in rows if x["algorithm"] == spec.name][0]
         assert float(row["iter_time_s"]) == pytest.approx(ref.iter_s[0], rel=1e-12)
+        # bytes_sent means what it means in a numerics run: wire bytes per worker (mean over workers)
+        assert float(row["bytes_sent"]) == pytest.approx(ref.bytes / 4, rel=1e-12)
+        if spec.name == "dense":  # ring: every chunk crosses P - 1 links twice
+            assert float(row["bytes_sent"]) == pytest.approx(2 * 3 / 4 * 4 * wl.d, rel=1e-12)
 
 
 def test_layer_table_run(tmp_path):
