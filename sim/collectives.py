@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._optional import kernels
 from .compression import Sparse, merge
 from .ops import Compute, Recv, Send, SendRecv
 
@@ -291,18 +292,10 @@ def _sum_in_rank_order(sel: Sparse, blocks: list):
 #: Below this many entries in all, :func:`sparse_sum` uses numpy (microseconds either way): no numba import or
 #: compilation for small runs.
 _NUMBA_MIN_ENTRIES = 1 << 15
-_KERNELS = None  # sim._sparse_numba once imported; False when numba is missing
 
 
 def _kernels():
-    global _KERNELS
-    if _KERNELS is None:
-        try:
-            from . import _sparse_numba
-            _KERNELS = _sparse_numba
-        except ImportError:  # numba is optional: the numpy path gives the same bits, slower
-            _KERNELS = False
-    return _KERNELS or None
+    return kernels("_sparse_numba")
 
 
 def sparse_sum(blocks, d: int, dtype, *, use_numba: bool | None = None) -> np.ndarray:

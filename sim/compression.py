@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._optional import kernels
 from .errors import NonFiniteError, SparsimError, check_range
 
 __all__ = [
@@ -114,20 +115,12 @@ def topk(x: np.ndarray, k: int) -> Sparse:
 _HITS = 64
 _MARGIN = 1.75
 _FLOOR_C = 0.5
-_KERNELS = None  # sim._topk_numba once imported; False when numba is missing
 #: Below this d the numpy path is used (microseconds either way): no numba import or compilation for small runs.
 _NUMBA_MIN_D = 1 << 15
 
 
 def _kernels():
-    global _KERNELS
-    if _KERNELS is None:
-        try:
-            from . import _topk_numba
-            _KERNELS = _topk_numba
-        except ImportError:  # numba is optional: the numpy path gives the same result, slower
-            _KERNELS = False
-    return _KERNELS or None
+    return kernels("_topk_numba")
 
 
 def _nan_error(x: np.ndarray, i: int | None = None) -> NonFiniteError:
