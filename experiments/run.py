@@ -38,7 +38,7 @@ from .scenario import Scenario, used_keys_dump
 
 log = logging.getLogger("sparsim.run")
 
-__all__ = ["build", "run_scenario", "write_metrics", "write_run_directory", "Built"]
+__all__ = ["algorithm_specs", "build", "run_scenario", "write_metrics", "write_run_directory", "Built"]
 
 REAL_OBJECTIVES = ("logistic", "softmax")
 #: Largest model the simulator builds (parameters; every worker holds several float64 copies), the same
@@ -110,18 +110,7 @@ class Built:
         self.compute = ComputeModel(seed=sc.seed, **sc.compute.model_dump())
         self.x0 = obj.x0(sc.seed)
         c = sc.compression
-        self.specs = []
-        for name in sc.algorithms:
-            if name == "dense":
-                self.specs.append(AlgorithmSpec("dense", collective=c.dense_collective, value_bytes=c.value_bytes,
-                                                gpus_per_node=G))
-            elif name in ("topk", "randk"):
-                self.specs.append(AlgorithmSpec(name, k=self.k, collective=c.topk_collective, value_bytes=c.value_bytes,
-                                                index_bytes=c.index_bytes, seed=sc.seed, gpus_per_node=G))
-            else:
-                mask = "reference" if name == "gtopk_reference" else c.gtopk_mask
-                self.specs.append(AlgorithmSpec("gtopk", k=self.k, collective=c.gtopk_collective, mask=mask,
-                                                value_bytes=c.value_bytes, index_bytes=c.index_bytes, gpus_per_node=G))
+        self.specs = algorithm_specs(sc, self.k, G)
         if c.layer_sizes:
             sizes = tuple(c.layer_sizes)
             if min(sizes) < 1 or sum(sizes) != self.d:
@@ -147,6 +136,26 @@ class Built:
             self.lr = lambda t: a
         else:
             self.lr = lambda t: tr.lr * tr.inverse_a / (tr.inverse_a + t)
+
+
+def algorithm_specs(sc: Scenario, k: int, G: int) -> list[AlgorithmSpec]:
+    """The scenario's algorithms as :class:`~sim.algorithms.AlgorithmSpec`, in order: k selected coordinates
+    per worker (ignored by dense), the [compression] collectives, mask and bytes, G ranks per node for the
+    hierarchical collectives. Whole-model selection (a numerics run adds its layer split afterwards).
+    Raises ConfigError as AlgorithmSpec does."""
+    c = sc.compression
+    out = []
+    for name in sc.algorithms:
+        if name == "dense":
+            out.append(AlgorithmSpec("dense", collective=c.dense_collective, value_bytes=c.value_bytes, gpus_per_node=G))
+        elif name in ("topk", "randk"):
+            out.append(AlgorithmSpec(name, k=k, collective=c.topk_collective, value_bytes=c.value_bytes,
+                                     index_bytes=c.index_bytes, seed=sc.seed, gpus_per_node=G))
+        else:
+            mask = "reference" if name == "gtopk_reference" else c.gtopk_mask
+            out.append(AlgorithmSpec("gtopk", k=k, collective=c.gtopk_collective, mask=mask, value_bytes=c.value_bytes,
+                                     index_bytes=c.index_bytes, gpus_per_node=G))
+    return out
 
 
 def build_network(cl, timing_only: bool = False) -> "NetworkSpec | ClusterSpec":

@@ -64,18 +64,9 @@ def _specs(sc: Scenario, d: int, G: int) -> list[AlgorithmSpec]:
     k = sc.k_for(d)
     if k > d:
         raise ConfigError(f"compression.k = {k} is out of range: valid 1 <= k <= d = {d} (the model's parameters)")
-    out = []
-    for name in sc.algorithms:
-        if name == "dense":
-            out.append(AlgorithmSpec("dense", collective=c.dense_collective, value_bytes=c.value_bytes, gpus_per_node=G))
-        elif name in ("topk", "randk"):
-            out.append(AlgorithmSpec(name, k=k, collective=c.topk_collective, value_bytes=c.value_bytes,
-                                     index_bytes=c.index_bytes, seed=sc.seed, gpus_per_node=G))
-        else:
-            mask = "reference" if name == "gtopk_reference" else c.gtopk_mask
-            out.append(AlgorithmSpec("gtopk", k=k, collective=c.gtopk_collective, mask=mask, value_bytes=c.value_bytes,
-                                     index_bytes=c.index_bytes, gpus_per_node=G))
-    return out
+    from .run import algorithm_specs
+
+    return algorithm_specs(sc, k, G)
 
 
 def _policy(sc: Scenario) -> TimelinePolicy:
