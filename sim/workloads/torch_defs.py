@@ -344,19 +344,6 @@ class BertSelfAttention(nn.Module):
         return ctx.view(ctx.shape[0], ctx.shape[1], self.all_head_size)
 
 
-class BertSelfOutput(nn.Module):
-    """dense, dropout, LayerNorm(x + input)."""
-
-    def __init__(self, hidden=768, eps=1e-12, p=0.1):
-        super().__init__()
-        self.dense = nn.Linear(hidden, hidden)
-        self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
-        self.dropout = nn.Dropout(p)
-
-    def forward(self, hidden_states, input_tensor):
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
-
-
 class BertAttention(nn.Module):
     """``self`` (BertSelfAttention) then ``output`` (BertSelfOutput), as HF names them."""
 
@@ -392,6 +379,13 @@ class BertOutput(nn.Module):
 
     def forward(self, hidden_states, input_tensor):
         return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
+
+
+class BertSelfOutput(BertOutput):
+    """dense 768 -> 768, dropout, LayerNorm(x + input): BertOutput at hidden size (HF's own class and names)."""
+
+    def __init__(self, hidden=768, eps=1e-12, p=0.1):
+        super().__init__(hidden, hidden, eps, p)
 
 
 class BertLayer(nn.Module):
