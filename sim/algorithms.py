@@ -44,7 +44,7 @@ from .compression import Sparse, randk, topk
 from .errors import DIVERGENCE_LIMIT, ConfigError, NonFiniteError, SparsimError, check_range
 from .ops import AllReduce, Compute
 
-__all__ = ["AlgorithmSpec", "StepOutput", "sgd_step", "ALGORITHMS", "COLLECTIVES"]
+__all__ = ["AlgorithmSpec", "StepOutput", "sgd_step", "segment_k", "ALGORITHMS", "COLLECTIVES"]
 
 #: Algorithm names and the collectives each may use (the first is the default).
 COLLECTIVES = {
@@ -56,6 +56,14 @@ COLLECTIVES = {
 ALGORITHMS = tuple(COLLECTIVES)
 #: Stream tag appended to ``[seed, rank, iteration]`` for the rand-k coordinate draw ("RAND" in ASCII).
 RANDK_STREAM = 0x52414E44
+
+
+def segment_k(k: int, d: int, d_b: int) -> int:
+    """Coordinates selected in a segment (bucket, layer) of d_b elements when the whole model of d selects k:
+    ``min(d_b, max(1, round(k / d * d_b)))`` in float64 with Python's round (halves to even), and k itself when
+    d_b = d. The one rule of layer-wise selection, for the numerics (:meth:`AlgorithmSpec.segment_ks`) and the
+    iteration timeline (:func:`sim.timeline.bucket_k`). 1 <= result <= d_b for 1 <= d_b <= d."""
+    return int(k) if d_b == d else int(min(d_b, max(1, round(k / d * d_b))))
 
 
 @dataclass(frozen=True)
@@ -164,8 +172,7 @@ class AlgorithmSpec:
         sizes = (d,) if self.segments is None else self.segments
         if self.name == "dense":
             return tuple(int(n) for n in sizes)
-        k = int(self.k)
-        return tuple(k if n == d else int(min(n, max(1, round(k / d * n)))) for n in sizes)
+        return tuple(segment_k(int(self.k), d, n) for n in sizes)
 
     def total_k(self, d: int) -> int:
         """Coordinates each worker selects per step: sum of :meth:`segment_ks` (k for whole-model

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .algorithms import AlgorithmSpec
+from .algorithms import AlgorithmSpec, segment_k
 from .compute import ComputeModel
 from .errors import ConfigError, check_int, check_real
 from .workloads.model import DeviceModel, Workload
@@ -185,8 +185,7 @@ def bucket_k(spec: AlgorithmSpec, d: int, d_b: int) -> int:
     """k of a bucket of d_b elements for a sparse spec selecting spec.k of d: ``min(d_b, max(1, round(k / d x d_b)))``
     (density x bucket size), spec.k itself when d_b = d -- the one rule of :meth:`AlgorithmSpec.segment_ks`, which
     the numerics' layer-wise selection uses too."""
-    segs = (d,) if d_b == d else (d_b, d - d_b)
-    return int(dataclasses.replace(spec, segments=segs).segment_ks(d)[0])
+    return segment_k(spec.k, d, d_b)
 
 
 def horovod_fusion(ready: np.ndarray, numel: np.ndarray, threshold_bytes: int, cycle_s: float, durations,
