@@ -315,6 +315,10 @@ def scenario_keys_cmd():
         click.echo(f"| `{key}` | {typ} | {shown} | {valid} | {desc} |")
 
 
+#: Largest P predict simulates message by message (beyond it a ring's events exhaust memory; the fast engine
+#: gives the same times).
+MESSAGE_ENGINE_MAX_P = 4096
+
 #: predict's collectives: name -> (algorithm, collective) of the AlgorithmSpec that runs it.
 PREDICT_COLLECTIVES = {
     "ring": ("dense", "ring"), "recursive_doubling": ("dense", "recursive_doubling"), "allgather": ("topk", "allgather"),
@@ -433,6 +437,10 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
                                            for c in cols))
         return
     net = flat_net
+    if resolve_engine(engine, clusters.get(Ps[0], net)) == "message" and max(Ps) > MESSAGE_ENGINE_MAX_P:
+        raise SparsimError(f"--P {max(Ps)} with the message-level engine (every message an event; a ring at that P "
+                           f"holds tens of GB of events): valid P <= {MESSAGE_ENGINE_MAX_P} with --engine message, "
+                           "or --engine auto / fast (the same times)")
     if resolve_engine(engine, clusters.get(Ps[0], net)) == "message" and max(Ps) > 256:
         import logging
 

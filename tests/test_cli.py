@@ -296,3 +296,10 @@ def test_status_goes_through_logging_with_a_verbosity_flag(tmp_path):
     assert quiet.exit_code == loud.exit_code == 0
     assert "INFO" not in quiet.stderr
     assert "INFO: gtopk: 12 iterations simulated" in loud.stderr and "INFO: published" in loud.stderr
+
+
+def test_predict_refuses_a_message_level_simulation_too_large_for_memory():
+    """A fresh-clone check found --engine message at P = 65536 killed for memory: now one line, exit 2."""
+    r = CliRunner().invoke(main, ["predict", "--simulate", "--engine", "message", "--P", "65536",
+                                  "--collectives", "ring"])
+    assert r.exit_code == 2 and "valid P <= 4096 with --engine message" in r.output
