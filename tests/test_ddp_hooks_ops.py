@@ -1,0 +1,172 @@
+"""The torch operations of the asynchronous DDP hook equal the sans-I/O definitions bit for bit (float64 and
+float32), without processes: the merge (:func:`sim.compression.merge`), the gTop-k collectives replayed
+locally (:func:`sim.collectives.gtopk_tree` / :func:`~sim.collectives.gtopk_rd` under the lock-step driver:
+g on every rank and every rank's mask, both mask rules), the selection (:func:`sim.compression.topk`), the
+state's options and errors, its schedules and its pickling. Inputs have ties and cancellations on purpose."""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[torch]' (torch==2.13.0)")
+
+from sim.collectives import gtopk_rd, gtopk_tree, topk_allgather_sum  # noqa: E402
+from sim.compression import Sparse, merge, topk  # noqa: E402
+from sim.ddp_hooks import (SparseHookState, SparseState, dgc_warmup, gtopk_replay, merge_torch,  # noqa: E402
+                           register_hook_algorithm, select_topk)
+from sim.drivers import run_lockstep  # noqa: E402
+from sim.errors import ConfigError  # noqa: E402
+
+
+def _sparse(rng, d, m, dtype, ties):
+    idx = np.sort(rng.choice(d, size=m, replace=False)).astype(np.int64)
+    if ties:  # few distinct magnitudes and both signs: ties and exact cancellations in the sums
+        val = rng.choice([-2.0, -1.0, -0.5, 0.5, 1.0, 2.0], size=m).astype(dtype)
+    else:
+        val = rng.standard_normal(m).astype(dtype)
+    return Sparse(idx, val, d)
+
+
+def _t(s: Sparse):
+    return torch.from_numpy(s.idx.copy()), torch.from_numpy(s.val.copy())
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_merge_torch_is_merge(dtype):
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        d = int(rng.integers(1, 60))
+        a = _sparse(rng, d, int(rng.integers(0, d + 1)), dtype, ties=trial % 2 == 0)
+        b = _sparse(rng, d, int(rng.integers(0, d + 1)), dtype, ties=trial % 2 == 0)
+        k = int(rng.integers(1, d + 1))
+        want = merge(a, b, k)
+        gi, gv = merge_torch(_t(a), _t(b), k)
+        assert np.array_equal(gi.numpy(), want.idx) and gv.numpy().tobytes() == want.val.tobytes(), trial
+
+
+@pytest.mark.parametrize("collective", ["tree", "recursive_doubling"])
+@pytest.mark.parametrize("exact", [True, False])
+def test_gtopk_replay_is_the_collective(collective, exact):
+    rng = np.random.default_rng(1)
+    coll = gtopk_tree if collective == "tree" else gtopk_rd
+    for trial in range(60):
+        P = int(rng.integers(1, 10))
+        d = int(rng.integers(1, 80))
+        k = int(rng.integers(1, d + 1))
+        sels = []
+        for _ in range(P):
+            x = rng.choice([-2.0, -1.0, 1.0, 2.0, 3.0], size=d) if trial % 2 else rng.standard_normal(d)
+            x[rng.random(d) < 0.2] = 0.0
+            sels.append(topk(x, k))
+        ref = run_lockstep([coll(r, P, sels[r], k, exact=exact) for r in range(P)])
+        tsels = [_t(s) for s in sels]
+        for r in range(P):
+            gi, gv, applied = gtopk_replay(tsels, k, r, collective, exact)
+            assert np.array_equal(gi.numpy(), ref[r].g.idx), (trial, P, r)
+            assert gv.numpy().tobytes() == ref[r].g.val.tobytes(), (trial, P, r)
+            assert np.array_equal(applied.numpy(), ref[r].applied), (trial, P, r, collective, exact)
+
+
+def test_allgather_sum_in_rank_order_is_topk_allgather_sum():
+    """The hook's sum (index_add_ per rank, padding slots (0, +0.0), division on the union) equals
+    topk_allgather_sum / P bit for bit."""
+    from sim.ddp_hooks import _divide
+
+    rng = np.random.default_rng(2)
+    for trial in range(100):
+        P, d = int(rng.integers(1, 7)), int(rng.integers(1, 50))
+        k = int(rng.integers(1, d + 1))
+        sels = [topk(rng.choice([-1.0, 1.0, 0.5, 0.0], size=d) if trial % 2 else rng.standard_normal(d), k)
+                for _ in range(P)]
+        want = run_lockstep([topk_allgather_sum(r, P, sels[r], 8, 8) for r in range(P)])[0] / P
+        out = torch.zeros(d, dtype=torch.float64)
+        rows = []
+        for s in sels:
+            vals, idx = torch.zeros(k, dtype=torch.float64), torch.zeros(k, dtype=torch.int64)
+            vals[:len(s)], idx[:len(s)] = torch.from_numpy(s.val), torch.from_numpy(s.idx)
+            rows.append((vals, idx))
+            out.index_add_(0, idx, vals)
+        u = torch.cat([i for _, i in rows])
+        out[u] = _divide(out[u], P)
+        assert out.numpy().tobytes() == want.tobytes(), trial
+
+
+def test_select_topk_is_topk_and_topk_torch():
+    from sim.torch_backend import topk_torch
+
+    rng = np.random.default_rng(3)
+    for dtype in (np.float64, np.float32):
+        for d, k in ((1, 1), (50, 7), (40_000, 400), (70_000, 700)):  # the last two: numba's path when installed
+            x = rng.standard_normal(d).astype(dtype)
+            x[::5] = 0.0
+            x[1::7] = x[-1]  # ties
+            want = topk(x, k)
+            gi, gv = select_topk(torch.from_numpy(x), k)
+            ti, tv = topk_torch(torch.from_numpy(x), k)
+            assert np.array_equal(gi.numpy(), want.idx) and np.array_equal(gv.numpy(), want.val)
+            assert np.array_equal(ti.numpy(), want.idx) and np.array_equal(tv.numpy(), want.val)
+
+
+def test_state_options_and_one_line_errors():
+    cases = [
+        (dict(algorithm="dense"), "algorithm = 'dense' is not a sparse hook: valid topk, gtopk, randk"),
+        (dict(density=0.0), "density = 0.0 is out of range: valid 0 < density <= 1"),
+        (dict(density=1.5), "density = 1.5 is out of range: valid 0 < density <= 1"),
+        (dict(scope="layer"), "scope = 'layer' is unknown: valid parameter, bucket, model"),
+        (dict(wire="ring"), "wire = 'ring' is unknown: valid allgather, p2p"),
+        (dict(start_iter=-1), "start_iter = -1 is out of range: valid an integer >= 0"),
+        (dict(density_schedule=[0.1, 0.25]), "is not decreasing"),
+        (dict(density=0.5, density_schedule=[0.25]), "is not decreasing"),
+        (dict(density_schedule=[2.0]), "density_schedule[0] = 2.0 is out of range: valid 0 < density_schedule[0] <= 1"),
+        (dict(collective="ring"), "collective = 'ring' is not available for the gtopk hook: valid tree, recursive_doubling"),
+        (dict(algorithm="topk", collective="tree"), "valid allgather"),
+        (dict(k=0), "k = 0 is out of range: valid 1 <= k"),
+        (dict(k=3, density_schedule=[0.5]), "valid one of them"),
+        (dict(mask="none"), "mask = 'none' is unknown: valid exact, reference"),
+        (dict(lr=0), "lr = 0 is out of range: valid 0 < lr"),
+        (dict(algorithm="randk", wire="p2p"), "valid scope = 'model'"),
+    ]
+    for kwargs, text in cases:
+        with pytest.raises(ConfigError) as err:
+            SparseState(**kwargs)
+        msg = str(err.value)
+        assert text in msg and "\n" not in msg, (kwargs, msg)
+    st = SparseState(density=0.001, start_iter=2, density_schedule=dgc_warmup(0.001), schedule_iters=3)
+    assert st.density_schedule == (0.25, 0.0625, 0.015625, 0.00390625)
+    assert [st.density_at(t) for t in range(2, 16)] == [0.25] * 3 + [0.0625] * 3 + [0.015625] * 3 + \
+        [0.00390625] * 3 + [0.001] * 2
+    assert st.k_for(10_000, iteration=2) == 2500 and st.k_for(10_000, iteration=40) == 10 and st.k_for(7, 40) == 1
+    assert SparseState(k=50).k_for(25) == 25 and SparseState(density=0.1).k_for(25) == 2  # round half to even
+    assert dgc_warmup(0.01, 4) == (0.25, 0.0625, 0.015625)
+    # the previous version's state: per-bucket selection, synchronous point-to-point wire
+    old = SparseHookState("topk", k=3)
+    assert (old.scope, old.wire, old.algorithm, old.k) == ("bucket", "p2p", "topk", 3)
+    with pytest.raises(ConfigError, match="state_dict of an unbound SparseState"):
+        SparseState().state_dict()
+    with pytest.raises(ConfigError, match="is not a sparse-hook state"):
+        SparseState().load_state_dict({"format": "x"})
+
+
+def test_state_pickles_and_plugins_register():
+    st = SparseState(algorithm="topk", density=0.05, scope="bucket")
+    st.residuals["w"] = torch.arange(4.0)
+    st.iteration = 7
+    back = pickle.loads(pickle.dumps(st))
+    assert back.iteration == 7 and back.scope == "bucket" and torch.equal(back.residuals["w"], torch.arange(4.0))
+    assert back.process_group is None
+
+    def threshold(acc, k, state):  # a plug-in: every entry of magnitude >= 1 (at most k of them)
+        idx = (acc.abs() >= 1).nonzero().flatten()[:k]
+        return idx, acc[idx]
+
+    register_hook_algorithm("threshold1", threshold)
+    try:
+        assert SparseState(algorithm="threshold1").collective == "allgather"
+    finally:
+        from sim.ddp_hooks import HOOK_ALGORITHMS
+
+        del HOOK_ALGORITHMS["threshold1"]
+    with pytest.raises(ConfigError, match="combine = 'mean' is unknown"):
+        register_hook_algorithm("x", threshold, combine="mean")
