@@ -140,21 +140,33 @@ class Built:
 
 def algorithm_specs(sc: Scenario, k: int, G: int) -> list[AlgorithmSpec]:
     """The scenario's algorithms as :class:`~sim.algorithms.AlgorithmSpec`, in order: k selected coordinates
-    per worker (ignored by dense), the [compression] collectives, mask and bytes, G ranks per node for the
-    hierarchical collectives. Whole-model selection (a numerics run adds its layer split afterwards).
-    Raises ConfigError as AlgorithmSpec does."""
-    c = sc.compression
+    per worker (sparse algorithms), the collectives and settings each algorithm reads from [compression]
+    (:meth:`~sim.algorithms.Algorithm.scenario_settings`), its [algorithm.NAME] options, the training
+    momentum and weight decay, the byte sizes, G ranks per node for the hierarchical collectives.
+    Whole-model selection (a numerics run adds its layer split afterwards). Raises ConfigError as
+    AlgorithmSpec does."""
+    from sim.algorithms import get, resolve
+
+    c, tr = sc.compression, sc.training
     out = []
-    for name in sc.algorithms:
-        if name == "dense":
-            out.append(AlgorithmSpec("dense", collective=c.dense_collective, value_bytes=c.value_bytes, gpus_per_node=G))
-        elif name in ("topk", "randk"):
-            out.append(AlgorithmSpec(name, k=k, collective=c.topk_collective, value_bytes=c.value_bytes,
-                                     index_bytes=c.index_bytes, seed=sc.seed, gpus_per_node=G))
-        else:
-            mask = "reference" if name == "gtopk_reference" else c.gtopk_mask
-            out.append(AlgorithmSpec("gtopk", k=k, collective=c.gtopk_collective, mask=mask, value_bytes=c.value_bytes,
-                                     index_bytes=c.index_bytes, gpus_per_node=G))
+    for entry in sc.algorithms:
+        name, preset = resolve(entry)
+        algo = get(name)
+        opts = dict(sc.algorithm.get(name, {}))
+        kw = dict(value_bytes=c.value_bytes, gpus_per_node=G)
+        kw.update(algo.scenario_settings(c))
+        if "collective" in opts:
+            kw["collective"] = opts.pop("collective")
+        if algo.sparse:
+            kw.update(k=k, index_bytes=c.index_bytes)
+        if algo.uses_seed:
+            kw["seed"] = sc.seed
+        if tr.momentum:
+            kw["momentum"] = tr.momentum
+        if tr.weight_decay:
+            kw["weight_decay"] = tr.weight_decay
+        kw.update(preset)
+        out.append(AlgorithmSpec(name, options=tuple(opts.items()), **kw))
     return out
 
 
@@ -212,12 +224,18 @@ def run_id(sc: Scenario, backend: str = "sim") -> str:
     """A run's identity in metrics.csv's ``run_id`` column: the first 16 hex digits of the sha256 of the keys the
     run uses (:func:`experiments.scenario.used_keys_dump`, canonical JSON) and the backend, so rows of different
     runs concatenated stay apart, the same scenario gives the same id on every machine, and a key added for
-    another kind of run does not change this one's id. training.dtype enters only when it is not float64."""
+    another kind of run does not change this one's id. training.dtype, momentum and weight_decay and the
+    [algorithm] table enter only when set away from their defaults."""
     import hashlib
 
     dump = used_keys_dump(sc, backend if backend in ("sim", "torch") else "sim")
-    if dump.get("training", {}).get("dtype") == "float64":  # the default arithmetic
-        del dump["training"]["dtype"]
+    # keys added after a run kind existed enter only when set away from their default, so old ids stay valid
+    for table, key, default in (("training", "dtype", "float64"), ("training", "momentum", 0.0),
+                                ("training", "weight_decay", 0.0)):
+        if dump.get(table, {}).get(key, default) == default:
+            dump.get(table, {}).pop(key, None)
+    if not dump.get("algorithm", True):
+        del dump["algorithm"]
     text = json.dumps({"scenario": dump, "backend": backend}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -152,6 +152,9 @@ class TrainingCfg(_Strict):
     dtype: Literal["float64", "float32"] = Field(
         "float64", description="arithmetic of the data, parameters, gradients, accumulators, residuals and messages "
                                "(float32: the float64 problem rounded once; needs compression.value_bytes <= 4)")
+    momentum: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum m on the synchronised update "
+                                                         "(DGC: its local momentum correction); 0 = plain SGD as in the theory")
+    weight_decay: float = Field(0.0, ge=0, description="weight decay w, added to the local gradient before error feedback")
 
 
 class CompressionCfg(_Strict):
@@ -262,8 +265,11 @@ class Scenario(_Strict):
 
     name: str = Field("scenario", description="label used in outputs")
     seed: int = Field(0, ge=0, description="seed of data sharding, mini-batches, jitter and initial point")
-    algorithms: list[Literal["dense", "topk", "gtopk", "gtopk_reference", "randk"]] = Field(
-        ["dense", "topk", "gtopk"], min_length=1, description="algorithms compared with identical data and seeds")
+    algorithms: list[str] = Field(
+        ["dense", "topk", "gtopk"], min_length=1,
+        description="algorithms compared with identical data and seeds (`sparsim algorithms` lists them)")
+    algorithm: dict[str, dict[str, int | float | str]] = Field(
+        {}, description="per-algorithm options, e.g. [algorithm.powersgd] rank = 4 (`sparsim algorithms` lists them)")
     cluster: ClusterCfg = ClusterCfg()
     compute: ComputeCfg = ComputeCfg()
     data: DataCfg = DataCfg()
@@ -271,6 +277,23 @@ class Scenario(_Strict):
     compression: CompressionCfg = CompressionCfg()
     torch: TorchCfg = TorchCfg()
     workload: WorkloadCfg = WorkloadCfg()
+
+    @field_validator("algorithms")
+    @classmethod
+    def _known_algorithms(cls, v):
+        from sim.algorithms import resolve
+
+        for name in v:
+            resolve(name)  # ConfigError (a ValueError) naming the valid names
+        return v
+
+    @model_validator(mode="after")
+    def _algorithm_options(self):
+        from sim.algorithms import check_options
+
+        for name, opts in self.algorithm.items():
+            check_options(name, opts)
+        return self
 
     @model_validator(mode="after")
     def _workload_keys_in_use(self):
@@ -285,8 +308,11 @@ class Scenario(_Strict):
                 raise ValueError(f"{', '.join(unused)}: the objective, step size, lumped compute time and layer split of a numerics run, unused "
                                  f"when workload.{'model' if w.model else 'table'} is set (a timing-only timeline of a real model, "
                                  "whose layers give the compute; its selection scope is workload.sparse_policy)")
-            dense = "dense" in self.algorithms
-            sparse = any(a != "dense" for a in self.algorithms)
+            from sim.algorithms import get, resolve
+
+            sparse_of = [get(resolve(a)[0]).sparse for a in self.algorithms]
+            dense = not all(sparse_of)
+            sparse = any(sparse_of)
             rules = [(("fusion_threshold_mb", "cycle_time_s"), dense and w.dense_policy == "horovod",
                       "workload.dense_policy = 'horovod' with dense among the algorithms"),
                      (("bucket_cap_mb", "first_bucket_mb"),

@@ -591,80 +591,19 @@ def _gtopk_rd(eng, pos, n, to_rank, k, s_el, b, it, active=None):
 
 
 def fast_collective(eng: FastCluster, spec: AlgorithmSpec, d: int, it: int, G: int = 1) -> None:
-    """Run ``spec``'s collective on every rank of ``eng`` in timing-only terms (the sizes of
-    :func:`sim.timing.timing_program`: dense messages of d values, sparse selections of exactly k entries,
-    every merge keeping k). G: ranks per node for the hierarchical collectives. Raises ConfigError if
-    ``spec.segments`` is set (layer-wise timing is done by the iteration timeline, sim/timeline.py)."""
+    """Run ``spec``'s exchange (selection and collective) on every rank of ``eng`` in timing-only terms (the sizes
+    of :func:`sim.timing.timing_program`: dense messages of d values, sparse selections of exactly k entries,
+    every merge keeping k), by the algorithm's :meth:`~sim.algorithms.Algorithm.fast_exchange`. G: ranks per node
+    for the hierarchical collectives. Raises ConfigError if ``spec.segments`` is set (layer-wise timing is done by
+    the iteration timeline, sim/timeline.py) or the algorithm has no fast-engine form."""
     spec.require_whole_model("the fast engine (sim.fastsim)")
-    P = eng.P
-    R = np.arange(P, dtype=np.int64)
-    ident = _mapper(1, 0)
-    vb, ib = spec.value_bytes, spec.index_bytes
-    s_el = vb + ib
-    coll = spec.collective
-    if spec.name == "dense":
-        if coll == "ring":
-            _ring(eng, C.ring_schedule(R, P), ident, lambda c: _split_sizes(d, P, c), vb, it)
-        elif coll == "recursive_doubling":
-            for phase, dst, src in C.rd_schedule(R, P):
-                eng.exchange(dst, src, d * vb)
-                if phase == "fold":
-                    eng.compute("reduce", np.where(src >= 0, d, 0), it)
-                elif phase == "exchange":
-                    eng.compute("reduce", np.where(dst >= 0, d, 0), it)
-        elif coll == "hierarchical":
-            local, node = R % G, R // G
-            N = P // G
-            intra = _mapper(1, node * G)
-            steps = list(C.ring_schedule(local, G))
-            _ring(eng, steps[:G - 1], intra, lambda c: _split_sizes(d, G, c), vb, it)
-            own = _split_sizes(d, G, (local + 1) % G)
-            _ring(eng, C.ring_schedule(node, N), _mapper(G, local), lambda c: _split_sizes(own, N, c), vb, it)
-            _ring(eng, steps[G - 1:], intra, lambda c: _split_sizes(d, G, c), vb, it)
-        else:
-            raise SparsimError(f"collective = {coll!r} has no timing-only mode: valid ring, recursive_doubling, hierarchical")
-        return
-    k = spec.k
-    m = k * s_el
-    if spec.name in ("topk", "randk"):
-        if coll == "hierarchical":
-            local, node = R % G, R // G
-            N = P // G
-            intra = _mapper(1, node * G)
-            _binomial(eng, C.binomial_reduce_schedule(local, G), intra,
-                      lambda mask, dst: np.minimum(mask, G - local) * m, 0, it)
-            leader = local == 0
-            for dst, src, cnt in C.bruck_schedule(node, N):
-                eng.exchange(np.where(leader, dst * G, -1), np.where(leader, src * G, -1), cnt * G * m)
-            _binomial(eng, C.binomial_bcast_schedule(local, G), intra, lambda mask, dst: P * m, 0, it)
-        else:
-            for dst, src, cnt in C.bruck_schedule(R, P):
-                eng.exchange(dst, src, cnt * m)
-        eng.compute("reduce", P * k, it)
-        return
-    b = C.mask_nbytes(k) if spec.mask == "exact" else 0
-    if coll == "tree":
-        _binomial(eng, C.binomial_reduce_schedule(R, P), ident, lambda mask, dst: m, 2 * k, it)
-        _binomial(eng, C.binomial_bcast_schedule(R, P), ident, lambda mask, dst: m + b, 0, it)
-    elif coll == "recursive_doubling":
-        _gtopk_rd(eng, R, P, ident, k, s_el, b, it)
-    elif coll == "hierarchical":
-        local, node = R % G, R // G
-        N = P // G
-        intra = _mapper(1, node * G)
-        _binomial(eng, C.binomial_reduce_schedule(local, G), intra, lambda mask, dst: m, 2 * k, it)
-        _gtopk_rd(eng, node, N, _mapper(G, 0), k, s_el, b, it, active=local == 0)
-        _binomial(eng, C.binomial_bcast_schedule(local, G), intra, lambda mask, dst: m + b, 0, it)
-    else:
-        raise SparsimError(f"collective = {coll!r} is unknown for {spec.name}")
+    spec.algorithm.fast_exchange(eng, spec, d, it, G)
 
 
 def fast_iteration(eng: FastCluster, spec: AlgorithmSpec, d: int, batch_size: int, it: int, G: int = 1) -> None:
     """One timing-only S-SGD iteration on every rank, the operations of :func:`sim.timing.timing_program`:
-    forward_backward, select (sparse), the collective, update."""
+    forward_backward, the exchange (selection for sparse algorithms, the collective), update."""
     eng.compute("forward_backward", batch_size, it)
-    if spec.name != "dense":
-        eng.compute("select", d, it)
     fast_collective(eng, spec, d, it, G)
     eng.compute("update", d, it)
 

@@ -182,7 +182,7 @@ def step_stats(spec: AlgorithmSpec, outs: list[StepOutput]) -> StepStats:
     G /= P
     delta = None
     diff = None  # sum_acc - g, once
-    if spec.name != "dense":
+    if spec.algorithm.sparse:
         K = spec.total_k(d)
         if K < d:
             diff = sum_acc - g
@@ -409,8 +409,10 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
     if driver == "lockstep":
         vs = [x0.copy() for _ in range(P)]
         res = [np.zeros_like(x0) for _ in range(P)]
+        states = [{} for _ in range(P)]
         for t in range(1, T + 1):
-            progs = [sgd_step(spec, r, P, vs[r], res[r], grads.grad_fn(r, t), workers.b, lr(t), t) for r in range(P)]
+            progs = [sgd_step(spec, r, P, vs[r], res[r], grads.grad_fn(r, t), workers.b, lr(t), t, states[r])
+                     for r in range(P)]
             outs = run_lockstep(progs)
             vs = [o.v for o in outs]
             res = [o.residual for o in outs]
@@ -422,9 +424,9 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
     end_time: dict[int, float] = {}
 
     def proc(r):
-        v, res = x0.copy(), np.zeros_like(x0)
+        v, res, state = x0.copy(), np.zeros_like(x0), {}
         for t in range(1, T + 1):
-            prog = sgd_step(spec, r, P, v, res, grads.grad_fn(r, t), workers.b, lr(t), t)
+            prog = sgd_step(spec, r, P, v, res, grads.grad_fn(r, t), workers.b, lr(t), t, state)
             out = yield from cluster.execute(r, prog, t)
             v, res = out.v, out.residual
             slot = pending.setdefault(t, [None] * P)

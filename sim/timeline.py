@@ -308,7 +308,7 @@ class TimelineResult:
 
 
 def _comm_ops(spec: AlgorithmSpec, workload: Workload, policy: TimelinePolicy) -> tuple[list[Bucket], str]:
-    if spec.name == "dense":
+    if not spec.algorithm.sparse:
         if policy.dense == "ddp":
             return ddp_buckets(workload, policy, spec.value_bytes), "ddp"
         if policy.dense == "horovod":
@@ -319,13 +319,6 @@ def _comm_ops(spec: AlgorithmSpec, workload: Workload, policy: TimelinePolicy) -
     if policy.sparse == "layer":
         return layer_buckets(workload), "layer"
     return whole_model_bucket(workload), "model"
-
-
-def _bytes_of(spec: AlgorithmSpec, numel: int, k: int | None) -> int:
-    """Bytes one rank contributes to a bucket's collective: its dense values, or its k (value, index) pairs."""
-    if spec.name == "dense":
-        return numel * spec.value_bytes
-    return k * (spec.value_bytes + spec.index_bytes)
 
 
 def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, network, policy: TimelinePolicy | None = None,
@@ -366,7 +359,7 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
     if policy.blocking and mode == "horovod":
         raise ConfigError("blocking = True does not apply to dense policy 'horovod' (its background loop never "
                           "stalls backward): valid dense ddp or none, or blocking = False")
-    ks = [None if spec.name == "dense" else bucket_k(spec, d, b.numel) for b in buckets]
+    ks = [bucket_k(spec, d, b.numel) if spec.algorithm.sparse else None for b in buckets]
     bspecs = [spec if (k is None or k == spec.k) else dataclasses.replace(spec, k=k) for k in ks]
     update_s = compute.seconds("update", d, 0, 0)
     trace_set = {int(t) for t in trace_iterations}
@@ -401,12 +394,12 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
             for bi, (b, k, bs) in enumerate(zip(buckets, ks, bspecs)):
                 base = factor * (F + float(tensor_ready[list(b.tensors)].max()))  # (P,) ready without stalls
                 rdy = base + shift
-                sel = compute.seconds("select", b.numel, 0, t) if spec.name != "dense" else 0.0
+                sel = compute.seconds("select", b.numel, 0, t) if spec.algorithm.sparse else 0.0
                 sel_end = np.maximum(rdy, free) + sel
                 cs = float(sel_end.max())
                 ce = cs + timer(bs, b.numel)
                 ops.append((f"bucket {bi}", b, k, rdy, sel, cs, ce,
-                            (timer.wire_bytes(bs, b.numel), _bytes_of(spec, b.numel, k))))
+                            (timer.wire_bytes(bs, b.numel), spec.algorithm.payload_bytes(spec, b.numel, k))))
                 free = ce
                 sel_total += sel
                 if policy.blocking:  # the compute stream, stopped at base + shift, resumes at ce
@@ -453,7 +446,7 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
                     args = {"bytes": nb[0], "payload_bytes": nb[1], "elements": b.numel}
                     if k is not None:
                         args["k"] = k
-                    m.append((f"{_coll_name(spec)} {name}", cs, ce, args))
+                    m.append((f"{spec.algorithm.trace_name} {name}", cs, ce, args))
                     prev = ce
                 tl.compute.append(c)
                 tl.comm.append(m)
@@ -462,10 +455,6 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
             on_iteration(t)
     return TimelineResult(out["iter"], out["compute"], out["compress"], out["comm"], out["exposed"], out["overlap"],
                           buckets, ks, nbytes, timelines)
-
-
-def _coll_name(spec: AlgorithmSpec) -> str:
-    return {"dense": "allreduce", "topk": "allgather", "randk": "allgather", "gtopk": "gtopk"}[spec.name]
 
 
 def chrome_trace(timelines_by_label: dict, path) -> None:

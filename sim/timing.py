@@ -29,12 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import collectives as C
-from .algorithms import AlgorithmSpec, _gtopk_collective
+from .algorithms import AlgorithmSpec
 from .cluster import SimCluster
 from .compression import Sparse
 from .compute import ComputeModel
-from .costs import collective_time
 from .errors import ConfigError, SparsimError, check_range
 from .network import NetworkSpec
 from .ops import Compute
@@ -83,29 +81,7 @@ def timing_program(spec: AlgorithmSpec, rank: int, P: int, d: int, batch_size: i
     """
     spec.require_whole_model("the timing-only mode (sim.timing)")
     yield Compute("forward_backward", batch_size)
-    vb, ib = spec.value_bytes, spec.index_bytes
-    if spec.name == "dense":
-        if spec.collective == "ring":
-            out = yield from C.ring_allreduce(rank, P, payload, vb)
-        elif spec.collective == "recursive_doubling":
-            out = yield from C.rd_allreduce(rank, P, payload, vb)
-        elif spec.collective == "hierarchical":
-            out = yield from C.hier_allreduce(rank, P, spec.gpus_per_node, payload, vb)
-        else:
-            raise SparsimError(f"collective = {spec.collective!r} has no timing-only mode: valid ring, "
-                               "recursive_doubling, hierarchical")
-    else:
-        yield Compute("select", d)
-        if spec.name in ("topk", "randk"):  # both allgather their k entries (algorithms.sgd_step)
-            # the allgather's messages and its reduce op, without its dense sum (numerics only)
-            nbytes_of = lambda s_: s_.nbytes(vb, ib)  # noqa: E731
-            if spec.collective == "hierarchical":
-                out = yield from C.hier_allgather(rank, P, spec.gpus_per_node, payload, nbytes_of)
-            else:
-                out = yield from C.bruck_allgather(rank, P, payload, nbytes_of)
-            yield Compute("reduce", sum(len(b) for b in out))
-        else:
-            out = yield from _gtopk_collective(spec, rank, P, payload)
+    out = yield from spec.algorithm.timing_exchange(spec, rank, P, d, payload)
     yield Compute("update", d)
     return out
 
@@ -191,13 +167,7 @@ def simulate_timing(spec: AlgorithmSpec, P: int, d: int, *, network, compute: Co
                                     iterations=iterations)
     cl = SimCluster(P, network, compute)
     rng = np.random.default_rng(seed)
-    if spec.name == "dense":
-        payload = phantom_dense(d)
-        payloads = [payload] * P
-    elif spec.name in ("topk", "randk"):  # the allgather moves each rank's k entries whatever they are: one selection
-        payloads = [random_selection(spec.k, d, rng)] * P
-    else:  # gTop-k: one selection per rank, so every merge and survival mask does real work
-        payloads = [random_selection(spec.k, d, rng) for _ in range(P)]
+    payloads = spec.algorithm.timing_payloads(spec, P, d, rng)
     times = []
     for it in range(iterations):
         t0 = cl.env.now
@@ -218,22 +188,4 @@ def closed_form_comm_s(spec: AlgorithmSpec, P: int, d: int, alpha: float, beta: 
     one, the hierarchy is ``spec.gpus_per_node`` ranks per node with alpha and beta everywhere. Raises ConfigError
     if ``spec.segments`` is set (whole-model closed forms only)."""
     spec.require_whole_model("the closed forms (sim.timing.closed_form_comm_s)")
-    from . import costs
-
-    vb, ib, exact = spec.value_bytes, spec.index_bytes, spec.mask == "exact"
-    if spec.collective == "hierarchical":
-        if cluster is not None:
-            G, share = cluster.gpus_per_node, cluster.gpus_per_node // cluster.nics_per_node
-            (ai, bi), (ae, be) = cluster.intra_alpha_beta(), cluster.inter_alpha_beta()
-        else:
-            G, share, ai, bi, ae, be = spec.gpus_per_node, 1, alpha, beta, alpha, beta
-        N = P // G
-        if spec.name == "dense":
-            return costs.hier_allreduce_time(N, G, d, ai, bi, ae, be, vb, nic_share=share)
-        if spec.name in ("topk", "randk"):
-            return costs.hier_topk_time(N, G, spec.k, ai, bi, ae, be, vb, ib)
-        return costs.hier_gtopk_time(N, G, spec.k, ai, bi, ae, be, vb, ib, exact)
-    name = {"dense": spec.collective, "topk": "allgather", "randk": "allgather"}.get(spec.name)
-    if name is None:
-        name = "gtopk_tree" if spec.collective == "tree" else "gtopk_rd"
-    return collective_time(name, P, d, spec.k or 1, alpha, beta, vb, ib, exact=exact)
+    return spec.algorithm.closed_form_s(spec, P, d, alpha, beta, cluster)

@@ -500,7 +500,7 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     check_range("T", T, 1)
     check_range("eval_every", eval_every, 1)
     spec.check_dim(x0.shape[0])
-    if backend_allreduce and spec.name != "dense":
+    if backend_allreduce and "backend_allreduce" not in spec.algorithm.collectives:
         raise SparsimError(f"backend_allreduce is a dense fast path: algorithm {spec.name} cannot use it")
     if backend_allreduce:
         spec = dataclasses.replace(spec, collective=BACKEND_ALLREDUCE)
@@ -513,7 +513,7 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     if transport is not None and P > 1:
         transport.where = "start"
         transport.barrier()
-    v, res = x0.copy(), np.zeros_like(x0)
+    v, res, state = x0.copy(), np.zeros_like(x0), {}
     busy = np.zeros(3)
     nbytes = np.zeros(1)
     wall = 0.0
@@ -524,7 +524,7 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
         _beat(t)
         if transport is not None:
             transport.where = f"iteration {t} of {spec.label}"
-        prog = sgd_step(spec, rank, P, v, res, workers.grad_fn(rank, t), workers.b, lr(t), t)
+        prog = sgd_step(spec, rank, P, v, res, workers.grad_fn(rank, t), workers.b, lr(t), t, state)
         segs = [] if record_trace else None
         before = busy.copy()
         t0 = time.perf_counter()

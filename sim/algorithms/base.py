@@ -1,0 +1,551 @@
+"""The algorithm layer's core: the :class:`Algorithm` interface, the registry, :class:`AlgorithmSpec` and the one
+per-worker step :func:`sgd_step` that every backend runs.
+
+An S-SGD variant is one :class:`Algorithm` subclass in one file of this package (``dense.py``, ``topk.py``,
+``gtopk.py``, ...), registered with :func:`register`. It holds everything about the algorithm:
+
+- its **compressor and memory**: :meth:`Algorithm.accumulate` (error feedback by default:
+  acc_p = eps_p + alpha_t G_p) and :meth:`Algorithm.exchange`, a sans-I/O program (:mod:`sim.ops`) that
+  selects / compresses one segment of acc_p, runs the collective and returns the summed update g and the new
+  residual eps_p; explicit per-worker state (momentum, low-rank factors, thresholds) lives in the dict
+  ``state`` that :func:`sgd_step` receives and returns (:attr:`StepOutput.state`), in the spirit of optax's
+  ``init`` / ``update`` pairs and GRACE's compressor / memory / communicator roles;
+- its **timing-only program** (:meth:`Algorithm.timing_exchange`), the same collective on payloads of the
+  right size without the data (:mod:`sim.timing`), and its **fast-engine** form (:meth:`Algorithm.fast_exchange`,
+  :mod:`sim.fastsim`);
+- its **closed-form cost** (:meth:`Algorithm.closed_form_s`, alpha-beta, :mod:`sim.costs`);
+- its names: :attr:`Algorithm.name`, :attr:`Algorithm.collectives` (the first is the default), options
+  (:attr:`Algorithm.options`, e.g. PowerSGD's rank) with defaults and ranges.
+
+:data:`REGISTRY` maps each name to its algorithm object; :func:`get` looks one up with a one-line error.
+``sgd_step``, the timing mode, the fast engine, the closed forms, the iteration timeline, the torch backend,
+``sparsim predict`` and the CLI's lists read the registry and nothing else names an algorithm.
+
+Per iteration t and worker p (docs/theory.md section 2; Shi et al. IJCAI 2019, Algorithm 1), with the
+algorithm's exchange E: acc_p = eps_p + alpha_t G_p; (g, eps_p') = E(acc_1..acc_P); every worker applies
+v_t = v_{t-1} - g / P. With ``momentum`` m > 0 (heavy ball on the synchronised update, as torch's SGD on the
+averaged gradient: u_t = m u_{t-1} + g / P, v_t = v_{t-1} - u_t; with a constant step this is torch.optim.SGD's
+momentum with the step folded into g) and ``weight_decay`` w > 0 (applied locally before error feedback:
+G_p <- G_p + w v_{t-1}, the placement PaddlePaddle's DGC fix found right). Algorithms with their own local
+momentum (DGC's momentum correction) set :attr:`Algorithm.local_momentum` and consume m themselves.
+
+Mass accounting: every step sum_p acc_p = g + sum_p eps_p up to rounding, unless an algorithm drops mass by
+design (gTop-k's ``reference`` mask rule), which metrics.csv's mass_error column measures.
+
+Whole-model versus layer-wise selection. By default (``AlgorithmSpec.segments = None``) the exchange runs
+once over the whole model vector, as the released gTop-k code does. With ``segments = (d_1, ..., d_B)`` the
+vector is cut into B consecutive segments (layers or buckets) and the exchange runs on each with
+k_b = min(d_b, max(1, round(k / d * d_b))) (:func:`segment_k`), one collective per segment, in segment
+order (GRACE, Horovod compression, DDP hooks). A single segment reproduces whole-model selection bit for bit.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import DIVERGENCE_LIMIT, ConfigError, NonFiniteError, SparsimError, check_range
+from ..ops import Compute
+
+__all__ = ["Algorithm", "Option", "Exchange", "StepContext", "REGISTRY", "register", "get", "names", "resolve",
+           "check_options",
+           "AlgorithmSpec", "StepOutput", "sgd_step", "segment_k"]
+
+#: name -> :class:`Algorithm` instance, in registration order (dense, topk, gtopk, randk, then the successors).
+REGISTRY: dict[str, "Algorithm"] = {}
+
+
+def register(cls):
+    """Class decorator: instantiate ``cls`` (an :class:`Algorithm` subclass) and add it to :data:`REGISTRY`
+    under ``cls.name``. Raises ValueError if the name is taken or ``cls.collectives`` is empty."""
+    if not cls.trace_name:
+        cls.trace_name = cls.name
+    if cls.name in REGISTRY:
+        raise ValueError(f"algorithm {cls.name!r} registered twice")
+    if not cls.collectives:
+        raise ValueError(f"algorithm {cls.name!r} has no collective")
+    REGISTRY[cls.name] = cls()
+    return cls
+
+
+def names() -> tuple[str, ...]:
+    """The registered algorithm names, in registration order."""
+    return tuple(REGISTRY)
+
+
+def get(name: str) -> "Algorithm":
+    """The registered :class:`Algorithm` called ``name``. Raises ConfigError naming the valid names."""
+    try:
+        return REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"algorithm = {name!r} is unknown: valid algorithms are {', '.join(REGISTRY)}") from None
+
+
+def resolve(entry: str) -> tuple[str, dict]:
+    """A scenario's algorithm entry as (registered name, preset AlgorithmSpec fields): a registered name gives
+    (name, {}), an alias (e.g. ``gtopk_reference``) its algorithm and preset. Raises ConfigError naming the
+    valid entries."""
+    if isinstance(entry, str):
+        if entry in REGISTRY:
+            return entry, {}
+        for name, algo in REGISTRY.items():
+            if entry in algo.aliases:
+                return name, dict(algo.aliases[entry])
+    valid = [n for name, algo in REGISTRY.items() for n in (name, *algo.aliases)]
+    raise ConfigError(f"algorithm = {entry!r} is unknown: valid algorithms are {', '.join(valid)}")
+
+
+def check_options(name: str, opts: dict) -> None:
+    """Validate a scenario's [algorithm.NAME] table: NAME registered, every key ``collective`` (one of the
+    algorithm's collectives) or one of its options, each value in range. Raises ConfigError naming the key, the
+    value and the valid range."""
+    algo = get(name)
+    for key, value in opts.items():
+        if key == "collective":
+            if value not in algo.collectives:
+                raise ConfigError(f"algorithm.{name}.collective = {value!r} is unknown: valid "
+                                  f"{', '.join(algo.collectives)}")
+        elif key not in algo.options:
+            valid = ", ".join(["collective", *algo.options])
+            raise ConfigError(f"algorithm.{name}.{key} is unknown: valid keys are {valid}")
+        else:
+            algo.options[key].check(name, key, value)
+
+
+def segment_k(k: int, d: int, d_b: int) -> int:
+    """Coordinates selected in a segment (bucket, layer) of d_b elements when the whole model of d selects k:
+    ``min(d_b, max(1, round(k / d * d_b)))`` in float64 with Python's round (halves to even), and k itself when
+    d_b = d. The one rule of layer-wise selection, for the numerics (:meth:`AlgorithmSpec.segment_ks`) and the
+    iteration timeline (:func:`sim.timeline.bucket_k`). 1 <= result <= d_b for 1 <= d_b <= d."""
+    return int(k) if d_b == d else int(min(d_b, max(1, round(k / d * d_b))))
+
+
+@dataclass(frozen=True)
+class Option:
+    """An algorithm-specific option: its default, its valid range ``lo <= value <= hi`` (open ends with
+    ``lo_open`` / ``hi_open``), ``kind`` (int, float or str), ``choices`` for a str, and a one-line help."""
+
+    default: Any
+    help: str
+    kind: type = float
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple = ()
+
+    def check(self, algorithm: str, name: str, value):
+        """``value`` as ``kind`` if valid; ConfigError naming ``algorithm.name``, the value and the valid range."""
+        label = f"{algorithm}.{name}"
+        if self.kind is str:
+            if value not in self.choices:
+                raise ConfigError(f"{label} = {value!r} is unknown: valid {', '.join(map(str, self.choices))}")
+            return value
+        if self.kind is int and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+            raise ConfigError(f"{label} = {value!r} must be an integer: valid "
+                              f"{_range(label, self)}")
+        if self.kind is float and (isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))):
+            raise ConfigError(f"{label} = {value!r} must be a number: valid {_range(label, self)}")
+        check_range(label, value, self.lo, self.hi, lo_open=self.lo_open, hi_open=self.hi_open, err=ConfigError)
+        return self.kind(value)
+
+
+def _range(label: str, o: Option) -> str:
+    from ..errors import range_text
+
+    return range_text(label, o.lo, o.hi, o.lo_open, o.hi_open)
+
+
+@dataclass
+class StepContext:
+    """What :meth:`Algorithm.exchange` knows besides the segment: rank, P, iteration t (>= 1), the segment's
+    index b and bounds [lo, hi) in the model vector (d elements), the worker's mutable algorithm ``state``
+    (a dict the algorithm owns; it persists across iterations) and ``scratch``, a dict that lives for this one
+    step (shared by the step's segments, e.g. rand-k's generator)."""
+
+    rank: int
+    P: int
+    iteration: int
+    d: int
+    segment: int = 0
+    lo: int = 0
+    hi: int = 0
+    state: dict = field(default_factory=dict)
+    scratch: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What an exchange of one segment (d_b elements) produced on this worker.
+
+    g: float array (d_b,), the update summed over workers (identical on every rank). residual: float array
+    (d_b,), eps_p for the segment after the step (a fresh array). n_selected: entries this worker contributed
+    (d_b for dense); n_applied: how many of them reached g (or were represented in it).
+    """
+
+    g: np.ndarray
+    residual: np.ndarray
+    n_selected: int
+    n_applied: int
+
+
+class Algorithm:
+    """One S-SGD variant (subclass it in its own file of :mod:`sim.algorithms` and :func:`register` it).
+
+    Class attributes: ``name`` (the scenario / CLI name), ``collectives`` (valid collective names, the first the
+    default), ``sparse`` (needs k, selects per step; False for dense-like algorithms), ``local_momentum`` (the
+    algorithm consumes ``AlgorithmSpec.momentum`` itself), ``segmented`` (exchanges per segment when
+    ``AlgorithmSpec.segments`` is set; False: one exchange over the whole vector whatever the segments, as dense
+    S-SGD, whose sum is the same vector), ``options`` (name -> :class:`Option`), ``summary``
+    (one line for the CLI's lists), ``trace_name`` (the communication slices' name in a Chrome trace; default
+    ``name``) and ``source`` (paper, algorithm or equation).
+    """
+
+    name: ClassVar[str] = ""
+    collectives: ClassVar[tuple[str, ...]] = ()
+    sparse: ClassVar[bool] = True
+    local_momentum: ClassVar[bool] = False
+    segmented: ClassVar[bool] = True
+    options: ClassVar[dict[str, Option]] = {}
+    trace_name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    source: ClassVar[str] = ""
+
+    #: other scenario names for this algorithm with preset AlgorithmSpec fields, e.g. gtopk_reference -> mask
+    aliases: ClassVar[dict[str, dict]] = {}
+    #: the algorithm draws random numbers from ``AlgorithmSpec.seed`` (the scenario's seed is passed)
+    uses_seed: ClassVar[bool] = False
+
+    # ------------------------------------------------------------------ naming and checks
+    def scenario_settings(self, compression) -> dict:
+        """AlgorithmSpec fields this algorithm takes from a scenario's [compression] table (e.g. its collective);
+        none by default (a successor sets its collective in [algorithm.NAME])."""
+        return {}
+
+    def label_tags(self, spec: "AlgorithmSpec") -> list[str]:
+        """Tags of the display label (``name[tag,...]``) besides ``layerwise``; none by default."""
+        return []
+
+    def check_spec(self, spec: "AlgorithmSpec") -> None:
+        """Extra validation of ``spec`` beyond collective and options (ConfigError); nothing by default."""
+
+    # ------------------------------------------------------------------ numerics (sans-I/O)
+    def accumulate(self, spec: "AlgorithmSpec", grad: np.ndarray, lr: float, residual: np.ndarray,
+                   ctx: StepContext) -> np.ndarray:
+        """The accumulator the exchange compresses, float array (d,): error feedback eps_p + alpha_t G_p by
+        default (Shi et al. IJCAI 2019, Algorithm 1 line 6; Stich et al. 2018). ``grad`` already holds the
+        weight decay. Returns a fresh array (``grad`` may be overwritten)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            acc = np.multiply(grad, lr)  # residual + lr * grad with one array instead of two (addition commutes)
+            if acc.dtype == np.result_type(acc, residual):
+                acc += residual
+            else:
+                acc = residual + acc
+        return acc
+
+    def exchange(self, spec: "AlgorithmSpec", acc: np.ndarray, k: int | None, ctx: StepContext):
+        """Sans-I/O program: compress the segment ``acc`` (float array (d_b,), a view of this worker's
+        accumulator; do not modify it), run the collective, return an :class:`Exchange`. k: the segment's k
+        (None for non-sparse algorithms). Must yield the same operation sequence on every rank."""
+        raise NotImplementedError
+
+    def after_step(self, spec: "AlgorithmSpec", acc: np.ndarray, residual: np.ndarray, ctx: StepContext) -> None:
+        """Called once per step after every segment's exchange, with the whole accumulator and the new residual
+        (float arrays (d,)); updates ``ctx.state`` (e.g. DGC's momentum masking). Nothing by default."""
+
+    # ------------------------------------------------------------------ timing only (sim.timing, sim.fastsim)
+    def timing_payloads(self, spec: "AlgorithmSpec", P: int, d: int, rng: np.random.Generator) -> list:
+        """Per-rank payloads of :meth:`timing_exchange` (the right sizes, no real data), a list of P items."""
+        raise NotImplementedError
+
+    def timing_exchange(self, spec: "AlgorithmSpec", rank: int, P: int, d: int, payload):
+        """Sans-I/O program: the compute and messages of one whole-model exchange of d elements (selection
+        included), on ``payload`` from :meth:`timing_payloads`; only its time counts."""
+        raise NotImplementedError
+
+    def fast_exchange(self, eng, spec: "AlgorithmSpec", d: int, it: int, G: int) -> None:
+        """The same exchange as :meth:`timing_exchange` on every rank of the fast engine ``eng``
+        (:class:`sim.fastsim.FastCluster`), a round at a time. G: ranks per node (hierarchical collectives)."""
+        raise ConfigError(f"algorithm {self.name} has no fast-engine form: valid cluster.engine = message")
+
+    # ------------------------------------------------------------------ closed forms (sim.costs)
+    def closed_form_s(self, spec: "AlgorithmSpec", P: int, d: int, alpha: float, beta: float, cluster=None) -> float:
+        """The alpha-beta time (s) of one whole-model exchange on a contention-free network with zero compute
+        (alpha s, beta s/byte); ``cluster`` (a ClusterSpec) for hierarchical collectives."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ timeline
+    def payload_bytes(self, spec: "AlgorithmSpec", numel: int, k: int | None) -> int:
+        """Bytes one rank contributes to an exchange of ``numel`` elements (trace annotation): k (value + index)
+        bytes for a sparse algorithm by default."""
+        return int(k) * (spec.value_bytes + spec.index_bytes)
+
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """What one S-SGD variant does each step: the registered algorithm ``name`` and its settings.
+
+    name: a key of :data:`REGISTRY` (``sparsim algorithms`` lists them). k: selected coordinates per worker
+    (1 <= k <= d; sparse algorithms only, ignored otherwise). collective: one of the algorithm's
+    ``collectives`` (default its first). mask: gTop-k only, "exact" (gMask_p = entries that reached g) or
+    "reference" (the released code's rule, which can lose mass). value_bytes, index_bytes: bytes per
+    transmitted value / index (default 4 + 4: fp32 values, int32 indices).
+    gpus_per_node: ranks per node G (integer >= 1) for the ``"hierarchical"`` collectives; it must divide P.
+    seed: seeds an algorithm's own random draws (rand-k's coordinates: worker p at iteration t uses
+    ``np.random.default_rng([seed, p, t, RANDK_STREAM])``), independent of the mini-batch draw.
+    segments: None (whole-model exchange, the default) or the sizes (d_1, ..., d_B) of consecutive segments of
+    the model vector (layers or buckets): a non-empty tuple of integers >= 1 summing to d (checked by
+    :meth:`check_dim`); segmented algorithms then exchange per segment with k_b = :func:`segment_k` (k, d, d_b).
+    momentum: m in [0, 1), heavy-ball momentum on the synchronised update (or the algorithm's own local
+    momentum, DGC); weight_decay: w >= 0, added to the local gradient before error feedback (module docstring).
+    options: the algorithm's own options as a tuple of (name, value) pairs (e.g. ``(("rank", 4),)`` for PowerSGD);
+    unset ones take :attr:`Algorithm.options` defaults (:meth:`opt`).
+    Raises ConfigError for an unknown name, collective, mask or option, an option or momentum / weight decay
+    out of range, a negative seed, or segments that are not a non-empty sequence of integers >= 1.
+    """
+
+    name: str
+    k: int | None = None
+    collective: str | None = None
+    mask: str = "exact"
+    value_bytes: int = 4
+    index_bytes: int = 4
+    seed: int = 0
+    gpus_per_node: int = 1
+    segments: tuple[int, ...] | None = None
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    options: tuple = ()
+
+    def __post_init__(self):
+        algo = get(self.name)
+        if self.collective is None:
+            object.__setattr__(self, "collective", algo.collectives[0])
+        if self.collective not in algo.collectives:
+            raise ConfigError(
+                f"collective = {self.collective!r} is not available for {self.name}: valid {', '.join(algo.collectives)}")
+        if self.mask not in ("exact", "reference"):
+            raise ConfigError(f"mask = {self.mask!r} is unknown: valid exact, reference")
+        check_range("value_bytes", self.value_bytes, 1, 16)
+        check_range("index_bytes", self.index_bytes, 0, 16)
+        check_range("seed", self.seed, 0)
+        check_range("gpus_per_node", self.gpus_per_node, 1)
+        check_range("momentum", self.momentum, 0, 1, hi_open=True, err=ConfigError)
+        check_range("weight_decay", self.weight_decay, 0, err=ConfigError)
+        if algo.sparse and self.k is None:
+            raise ConfigError(f"{self.name} needs k (1 <= k <= d)")
+        if self.segments is not None:
+            object.__setattr__(self, "segments", _check_segments(self.segments))
+        opts = dict(self.options.items() if isinstance(self.options, dict) else self.options)
+        for key in opts:
+            if key not in algo.options:
+                valid = ", ".join(algo.options) or "none"
+                raise ConfigError(f"option {key!r} is unknown for {self.name}: valid {valid}")
+        checked = tuple((key, algo.options[key].check(self.name, key, opts[key])) for key in algo.options if key in opts)
+        object.__setattr__(self, "options", checked)
+        algo.check_spec(self)
+
+    @property
+    def algorithm(self) -> Algorithm:
+        """The registered :class:`Algorithm` of ``name``."""
+        return REGISTRY[self.name]
+
+    def opt(self, key: str):
+        """The value of the algorithm option ``key`` (set in ``options`` or its default). KeyError if unknown."""
+        for name, value in self.options:
+            if name == key:
+                return value
+        return self.algorithm.options[key].default
+
+    @property
+    def label(self) -> str:
+        """Short display name, e.g. ``gtopk``, ``gtopk[reference]``, ``dense[backend_allreduce]`` or, with more than one
+        segment, ``topk[layerwise]`` / ``gtopk[reference,layerwise]``."""
+        algo = self.algorithm
+        tags = list(algo.label_tags(self))
+        if self.segments is not None and algo.segmented and len(self.segments) > 1:
+            tags.append("layerwise")
+        return f"{self.name}[{','.join(tags)}]" if tags else self.name
+
+    def check_dim(self, d: int) -> None:
+        """Raise SparsimError unless 1 <= k <= d (sparse algorithms) and, when ``segments`` is set, the
+        segment sizes sum to d (the message names the sizes, their sum and the valid value)."""
+        if self.algorithm.sparse:
+            if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)):
+                raise SparsimError(f"k = {self.k!r} must be an integer: valid 1 <= k <= d = {d}")
+            check_range("k", int(self.k), 1, d)
+        if self.segments is not None and sum(self.segments) != d:
+            raise SparsimError(f"segments = {_segments_text(self.segments)} sum to {sum(self.segments)}: valid "
+                               f"segment sizes (integers >= 1) that sum to d = {d}")
+
+    def segment_bounds(self, d: int) -> np.ndarray:
+        """Start offsets of the segments plus d: int64 array (B + 1,), segment b being ``[out[b], out[b + 1])``
+        in vector coordinates. ``[0, d]`` (one segment) when ``segments`` is None. Raises SparsimError as
+        :meth:`check_dim`."""
+        self.check_dim(d)
+        sizes = (d,) if self.segments is None else self.segments
+        return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+
+    def segment_ks(self, d: int) -> tuple[int, ...]:
+        """Coordinates each worker selects per segment, (k_1, ..., k_B), for a model of d parameters.
+
+        The rule (layer-wise selection at the whole model's density k / d, at least one per segment):
+        ``k_b = min(d_b, max(1, round(k / d * d_b)))`` (:func:`segment_k`), the same expression as the iteration
+        timeline's per-bucket k, so the timeline's times and these numerics select the same counts. One segment
+        gives (k,). Non-sparse algorithms: (d_1, ..., d_B), everything is sent. Raises SparsimError as
+        :meth:`check_dim`.
+        """
+        self.check_dim(d)
+        sizes = (d,) if self.segments is None else self.segments
+        if not self.algorithm.sparse:
+            return tuple(int(n) for n in sizes)
+        return tuple(segment_k(int(self.k), d, n) for n in sizes)
+
+    def total_k(self, d: int) -> int:
+        """Coordinates each worker selects per step: sum of :meth:`segment_ks` (k for whole-model
+        selection, d for dense). Raises SparsimError as :meth:`check_dim`."""
+        return sum(self.segment_ks(d))
+
+    def require_whole_model(self, where: str) -> None:
+        """Raise ConfigError if ``segments`` is set: ``where`` (e.g. "the fast engine") models whole-model
+        selection only, and layer-wise timing is done by the iteration timeline (sim/timeline.py)."""
+        if self.segments is not None:
+            raise ConfigError(
+                f"segments = {_segments_text(self.segments)} ({self.name}): {where} models whole-model selection "
+                "only; layer-wise timing is done by the iteration timeline (sim/timeline.py): "
+                "valid here segments = None")
+
+
+def _segments_text(segments) -> str:
+    """A short text of a segment-size tuple for error messages (long tuples abbreviated, with their length)."""
+    seq = tuple(segments)
+    if len(seq) <= 8:
+        return repr(seq)
+    return f"({', '.join(map(repr, seq[:3]))}, ..., {', '.join(map(repr, seq[-2:]))}) ({len(seq)} segments)"
+
+
+def _check_segments(segments) -> tuple[int, ...]:
+    """``segments`` as a tuple of Python ints; ConfigError unless a non-empty sequence of integers >= 1."""
+    try:
+        seq = tuple(segments)
+    except TypeError:
+        seq = None
+    if seq is None or isinstance(segments, (str, bytes)) or not seq or any(
+            isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1 for n in seq):
+        shown = _segments_text(seq) if seq and not isinstance(segments, (str, bytes)) else repr(segments)
+        raise ConfigError(f"segments = {shown} is out of range: valid None or a non-empty sequence of integers "
+                          ">= 1 (segment sizes summing to d)")
+    return tuple(int(n) for n in seq)
+
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one worker's step produced (all float arrays have shape (d,)).
+
+    v: parameters after the update. residual: eps_p after the step. acc: the accumulator
+    eps_p + alpha_t G_p that was compressed. grad: the local stochastic gradient G_p.
+    update: g, the summed update every worker applied (v_new = v - g/P). n_selected: entries this
+    worker sent in its own selection (d for dense; summed over segments with layer-wise selection);
+    n_applied: how many of them reached g. state: the worker's algorithm state (dict; pass it to the
+    next :func:`sgd_step`).
+    """
+
+    v: np.ndarray
+    residual: np.ndarray
+    acc: np.ndarray
+    grad: np.ndarray
+    update: np.ndarray
+    n_selected: int
+    n_applied: int
+    state: dict = field(default_factory=dict)
+
+
+def _check_finite(arr: np.ndarray, what: str, rank: int, iteration: int, label: str = "") -> None:
+    """Raise NonFiniteError unless every entry of ``arr`` is finite with |value| <= DIVERGENCE_LIMIT (1e100).
+
+    NaN/Inf: the message names the worker, the iteration and the first bad coordinate. A finite entry beyond
+    the limit: the run diverged; the message names the iteration, the algorithm ``label``, the worker, the
+    coordinate and the value, and suggests a smaller step size. Only reads ``arr`` (two reductions)."""
+    # as Python floats: compared with a float32 scalar the limit would be cast to float32 (inf)
+    if arr.size == 0 or (-DIVERGENCE_LIMIT <= float(arr.min()) and float(arr.max()) <= DIVERGENCE_LIMIT):  # NaN fails
+        return
+    finite = np.isfinite(arr)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite)[0])
+        raise NonFiniteError(
+            f"{what} of worker {rank} at iteration {iteration} is not finite (coordinate {bad} = {arr[bad]}): "
+            "valid values are finite; lower the learning rate or check the data")
+    bad = int(np.argmax(np.abs(arr)))
+    raise NonFiniteError(
+        f"the run diverged at iteration {iteration}{f' of {label}' if label else ''}: the {what} of worker {rank} "
+        f"is {arr[bad]:.4g} at coordinate {bad} (valid |value| <= {DIVERGENCE_LIMIT:g}, beyond which float64 "
+        "squares and sums overflow); lower training.lr")
+
+
+
+def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np.ndarray, grad_fn,
+             batch_size: int, lr: float, iteration: int, state: dict | None = None):
+    """One S-SGD iteration of worker ``rank`` (a sans-I/O program; returns :class:`StepOutput`).
+
+    v: float array (d,), the current parameters v_{t-1} (identical on all workers).
+    residual: float array (d,), eps_p (zeros at the start). grad_fn: callable v -> float array (d,), this
+    worker's mini-batch stochastic gradient G_p(v) (numerics; costed as ``forward_backward`` work of
+    ``batch_size`` samples). lr: alpha_t > 0. iteration: t (>= 1), used in error messages, by seeded draws and
+    by the compute model's seeded jitter. state: the worker's algorithm state from the previous step's
+    :attr:`StepOutput.state` (None at the start); it is updated in place and returned.
+    Raises NonFiniteError naming worker and iteration if the gradient or the accumulator is NaN/Inf, or,
+    naming the algorithm too, if one of their entries exceeds :data:`sim.errors.DIVERGENCE_LIMIT` in magnitude
+    (the run diverged: lower the step size).
+
+    Yields ``forward_backward``, then the algorithm's exchange (:meth:`Algorithm.exchange`) once over the whole
+    vector or, with ``spec.segments`` and a segmented algorithm, once per segment in segment order with k_b
+    (:meth:`AlgorithmSpec.segment_ks`), then ``update`` of d parameters. Raises SparsimError if the segments do
+    not sum to d.
+    """
+    algo = spec.algorithm
+    d = v.shape[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        grad = np.asarray(grad_fn(v), dtype=v.dtype)
+    yield Compute("forward_backward", batch_size)
+    _check_finite(grad, "gradient", rank, iteration, spec.label)
+    state = {} if state is None else state
+    ctx = StepContext(rank, P, iteration, d, 0, 0, d, state)
+    g_in = grad
+    if spec.weight_decay:
+        g_in = grad + np.asarray(spec.weight_decay, dtype=v.dtype) * v
+    acc = algo.accumulate(spec, g_in, lr, residual, ctx)
+    _check_finite(acc, "error-feedback accumulator", rank, iteration, spec.label)
+    if spec.segments is None or not algo.segmented:
+        ex = yield from algo.exchange(spec, acc, int(spec.k) if algo.sparse else None, ctx)
+        g, new_res, n_sel, n_app = ex.g, ex.residual, ex.n_selected, ex.n_applied
+    else:
+        bounds = spec.segment_bounds(d)
+        ks = spec.segment_ks(d)
+        parts, res_parts = [], []
+        n_sel = n_app = 0
+        for b, k_b in enumerate(ks):
+            ctx.segment, ctx.lo, ctx.hi = b, int(bounds[b]), int(bounds[b + 1])
+            ex = yield from algo.exchange(spec, acc[ctx.lo:ctx.hi], k_b if algo.sparse else None, ctx)
+            parts.append(ex.g)
+            res_parts.append(ex.residual)
+            n_sel += ex.n_selected
+            n_app += ex.n_applied
+        g, new_res = np.concatenate(parts), np.concatenate(res_parts)
+        ctx.segment, ctx.lo, ctx.hi = 0, 0, d
+    algo.after_step(spec, acc, new_res, ctx)
+    yield Compute("update", d)
+    v_new = g / P  # v - g / P with one array instead of two
+    if spec.momentum and not algo.local_momentum:
+        u = state.get("momentum_buffer")
+        if u is not None:
+            v_new += np.asarray(spec.momentum, dtype=u.dtype) * u
+        state["momentum_buffer"] = v_new.copy()
+    if v_new.dtype == np.result_type(v, v_new):
+        np.subtract(v, v_new, out=v_new)
+    else:
+        v_new = v - v_new
+    return StepOutput(v_new, new_res, acc, grad, g, n_sel, n_app, state)

@@ -1,0 +1,118 @@
+"""Dense S-SGD: every worker's full gradient summed by an allreduce (the baseline).
+
+g = allreduce(alpha_t G_p), residual 0 (Shi et al. IJCAI 2019, section 2; docs/theory.md section 2).
+Collectives: ``ring`` (Patarasuk and Yuan 2009; the ring of Baidu / NCCL), ``recursive_doubling``
+(Thakur, Rabenseifner and Gropp 2005), ``hierarchical`` (intra-node reduce-scatter, inter-node ring,
+intra-node allgather: :func:`sim.collectives.hier_allreduce`), and ``backend_allreduce`` (the torch
+backend's ``dist.all_reduce``; not a message-level model, so the simulated drivers refuse it).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import collectives as C
+from ..errors import SparsimError
+from ..ops import AllReduce
+from .base import Algorithm, Exchange, register
+
+
+@register
+class Dense(Algorithm):
+    """Dense S-SGD: allreduce of the whole accumulator (alpha_t G_p); the residual stays 0."""
+
+    name = "dense"
+    trace_name = "allreduce"
+    collectives = ("ring", "recursive_doubling", "backend_allreduce", "hierarchical")
+    sparse = False
+    segmented = False
+    summary = "dense S-SGD: allreduce of the full gradient (ring, recursive doubling, hierarchical)"
+    source = "Shi et al. IJCAI 2019, section 2; Thakur, Rabenseifner and Gropp 2005 (allreduce costs)"
+
+    def scenario_settings(self, compression):
+        return {"collective": compression.dense_collective}
+
+    def label_tags(self, spec):
+        return ["backend_allreduce"] if spec.collective == "backend_allreduce" else []
+
+    def exchange(self, spec, acc, k, ctx):
+        rank, P, vb = ctx.rank, ctx.P, spec.value_bytes
+        if spec.collective == "ring":
+            g = yield from C.ring_allreduce(rank, P, acc, vb)
+        elif spec.collective == "hierarchical":
+            g = yield from C.hier_allreduce(rank, P, spec.gpus_per_node, acc, vb)
+        elif spec.collective == "backend_allreduce":  # torch backend only: dist.all_reduce
+            g = yield AllReduce(acc, acc.shape[0] * vb)
+        else:
+            g = yield from C.rd_allreduce(rank, P, acc, vb)
+        n = acc.shape[0]
+        return Exchange(g, np.zeros_like(acc), n, n)
+
+    def timing_payloads(self, spec, P, d, rng):
+        from ..timing import phantom_dense
+
+        return [phantom_dense(d)] * P
+
+    def timing_exchange(self, spec, rank, P, d, payload):
+        vb = spec.value_bytes
+        if spec.collective == "ring":
+            return (yield from C.ring_allreduce(rank, P, payload, vb))
+        if spec.collective == "recursive_doubling":
+            return (yield from C.rd_allreduce(rank, P, payload, vb))
+        if spec.collective == "hierarchical":
+            return (yield from C.hier_allreduce(rank, P, spec.gpus_per_node, payload, vb))
+        raise SparsimError(f"collective = {spec.collective!r} has no timing-only mode: valid ring, "
+                           "recursive_doubling, hierarchical")
+
+    def fast_exchange(self, eng, spec, d, it, G):
+        from ..fastsim import _mapper, _ring, _split_sizes
+
+        P = eng.P
+        R = np.arange(P, dtype=np.int64)
+        vb = spec.value_bytes
+        coll = spec.collective
+        if coll == "ring":
+            _ring(eng, C.ring_schedule(R, P), _mapper(1, 0), lambda c: _split_sizes(d, P, c), vb, it)
+        elif coll == "recursive_doubling":
+            for phase, dst, src in C.rd_schedule(R, P):
+                eng.exchange(dst, src, d * vb)
+                if phase == "fold":
+                    eng.compute("reduce", np.where(src >= 0, d, 0), it)
+                elif phase == "exchange":
+                    eng.compute("reduce", np.where(dst >= 0, d, 0), it)
+        elif coll == "hierarchical":
+            local, node = R % G, R // G
+            N = P // G
+            intra = _mapper(1, node * G)
+            steps = list(C.ring_schedule(local, G))
+            _ring(eng, steps[:G - 1], intra, lambda c: _split_sizes(d, G, c), vb, it)
+            own = _split_sizes(d, G, (local + 1) % G)
+            _ring(eng, C.ring_schedule(node, N), _mapper(G, local), lambda c: _split_sizes(own, N, c), vb, it)
+            _ring(eng, steps[G - 1:], intra, lambda c: _split_sizes(d, G, c), vb, it)
+        else:
+            raise SparsimError(f"collective = {coll!r} has no timing-only mode: valid ring, recursive_doubling, hierarchical")
+
+    def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
+        from .. import costs
+
+        vb = spec.value_bytes
+        if spec.collective == "hierarchical":
+            G, share, (ai, bi), (ae, be) = _hier_params(spec, alpha, beta, cluster)
+            return costs.hier_allreduce_time(P // G, G, d, ai, bi, ae, be, vb, nic_share=share)
+        if spec.collective == "ring":
+            return costs.ring_allreduce_time(P, d, alpha, beta, vb)
+        if spec.collective == "recursive_doubling":
+            return costs.rd_allreduce_time(P, d * vb, alpha, beta)
+        raise SparsimError(f"collective = {spec.collective!r} has no closed form: valid ring, recursive_doubling, "
+                           "hierarchical")
+
+    def payload_bytes(self, spec, numel, k):
+        return int(numel) * spec.value_bytes
+
+
+def _hier_params(spec, alpha, beta, cluster):
+    """(G, nic_share, (alpha_i, beta_i), (alpha_e, beta_e)) of a hierarchical closed form: the cluster's when
+    given, else ``spec.gpus_per_node`` ranks per node with alpha and beta everywhere."""
+    if cluster is not None:
+        return (cluster.gpus_per_node, cluster.gpus_per_node // cluster.nics_per_node, cluster.intra_alpha_beta(),
+                cluster.inter_alpha_beta())
+    return spec.gpus_per_node, 1, (alpha, beta), (alpha, beta)

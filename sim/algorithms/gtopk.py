@@ -1,0 +1,105 @@
+"""gTop-k S-SGD: a global top-k of the summed selections, merged pairwise along a tree.
+
+acc_p = eps_p + alpha_t G_p; (g, gMask_p) = gTopK(TopK(acc_1), ..., TopK(acc_P)); eps_p = acc_p * (1 - gMask_p)
+(Shi et al., "A Distributed Synchronous SGD Algorithm with Global Top-k Sparsification for Low Bandwidth
+Networks", ICDCS 2019, Algorithms 2-3; convergence: Shi et al. IJCAI 2019, Algorithm 1). Every merge of two
+k-entry vectors sums them and keeps the k largest magnitudes. Collectives: ``tree`` (binomial reduce +
+broadcast, 2 lg P rounds), ``recursive_doubling`` (lg P rounds) and ``hierarchical`` (node tree, inter-node
+recursive doubling, node broadcast). Mask rule ``exact`` (gMask_p: the local entries that reached g; mass is
+conserved) or ``reference`` (the released code's rule: every local top-k entry whose index is in g's support,
+which can lose mass on purpose so the loss can be measured).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import collectives as C
+from ..compression import Sparse, topk
+from ..ops import Compute
+from .base import Algorithm, Exchange, register
+
+
+@register
+class GTopK(Algorithm):
+    """gTop-k S-SGD (ICDCS 2019 Algorithms 2-3) with the exact or the released code's residual mask."""
+
+    name = "gtopk"
+    collectives = ("tree", "recursive_doubling", "hierarchical")
+    summary = "gTop-k S-SGD: global top-k by pairwise merges along a tree / recursive doubling"
+    source = "Shi et al. ICDCS 2019, Algorithms 2-3; Shi et al. IJCAI 2019, Algorithm 1"
+
+    aliases = {"gtopk_reference": {"mask": "reference"}}
+
+    def scenario_settings(self, compression):
+        return {"collective": compression.gtopk_collective, "mask": compression.gtopk_mask}
+
+    def label_tags(self, spec):
+        return ["reference"] if spec.mask == "reference" else []
+
+    def exchange(self, spec, acc, k, ctx):
+        yield Compute("select", acc.shape[0])
+        sel = topk(acc, k)
+        res = yield from gtopk_collective(spec, ctx.rank, ctx.P, sel, k)
+        new_res = acc.copy()
+        # res.applied already follows the mask rule: exact (what reached g) or the released
+        # reference code's (every local top-k entry whose index is in g)
+        new_res[sel.idx[res.applied]] = 0.0
+        return Exchange(res.g.to_dense(), new_res, len(sel), int(res.applied.sum()))
+
+    def timing_payloads(self, spec, P, d, rng):
+        from ..timing import random_selection
+
+        # one selection per rank, so every merge and survival mask does real work
+        return [random_selection(spec.k, d, rng) for _ in range(P)]
+
+    def timing_exchange(self, spec, rank, P, d, payload):
+        yield Compute("select", d)
+        return (yield from gtopk_collective(spec, rank, P, payload))
+
+    def fast_exchange(self, eng, spec, d, it, G):
+        from ..fastsim import _binomial, _gtopk_rd, _mapper
+
+        eng.compute("select", d, it)
+        P = eng.P
+        R = np.arange(P, dtype=np.int64)
+        k = spec.k
+        s_el = spec.value_bytes + spec.index_bytes
+        m = k * s_el
+        b = C.mask_nbytes(k) if spec.mask == "exact" else 0
+        ident = _mapper(1, 0)
+        if spec.collective == "tree":
+            _binomial(eng, C.binomial_reduce_schedule(R, P), ident, lambda mask, dst: m, 2 * k, it)
+            _binomial(eng, C.binomial_bcast_schedule(R, P), ident, lambda mask, dst: m + b, 0, it)
+        elif spec.collective == "recursive_doubling":
+            _gtopk_rd(eng, R, P, ident, k, s_el, b, it)
+        else:  # hierarchical
+            local, node = R % G, R // G
+            N = P // G
+            intra = _mapper(1, node * G)
+            _binomial(eng, C.binomial_reduce_schedule(local, G), intra, lambda mask, dst: m, 2 * k, it)
+            _gtopk_rd(eng, node, N, _mapper(G, 0), k, s_el, b, it, active=local == 0)
+            _binomial(eng, C.binomial_bcast_schedule(local, G), intra, lambda mask, dst: m + b, 0, it)
+
+    def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
+        from .. import costs
+        from .dense import _hier_params
+
+        vb, ib, exact = spec.value_bytes, spec.index_bytes, spec.mask == "exact"
+        if spec.collective == "hierarchical":
+            G, _, (ai, bi), (ae, be) = _hier_params(spec, alpha, beta, cluster)
+            return costs.hier_gtopk_time(P // G, G, spec.k, ai, bi, ae, be, vb, ib, exact)
+        if spec.collective == "tree":
+            return costs.gtopk_tree_time(P, spec.k, alpha, beta, vb, ib, exact)
+        return costs.gtopk_rd_time(P, spec.k, alpha, beta, vb, ib, exact)
+
+
+def gtopk_collective(spec, rank: int, P: int, sel: Sparse, k: int | None = None):
+    """The gTop-k collective ``spec.collective`` (tree, recursive_doubling or hierarchical) on ``sel`` (this rank's
+    selection), keeping k entries (default ``spec.k``; a segment's k_b with layer-wise selection). A sans-I/O
+    program returning :class:`sim.collectives.GTopKResult`."""
+    k = spec.k if k is None else k
+    kw = dict(exact=spec.mask == "exact", value_bytes=spec.value_bytes, index_bytes=spec.index_bytes)
+    if spec.collective == "hierarchical":
+        return (yield from C.hier_gtopk(rank, P, spec.gpus_per_node, sel, k, **kw))
+    coll = C.gtopk_tree if spec.collective == "tree" else C.gtopk_rd
+    return (yield from coll(rank, P, sel, k, **kw))

@@ -1,0 +1,34 @@
+"""Rand-k S-SGD with error feedback: as Top-k with k uniformly drawn coordinates.
+
+acc_p = eps_p + alpha_t G_p; g = sum_q RandK(acc_q) (allgather); eps_p = acc_p - RandK(acc_p). With P = 1
+this is Mem-SGD with rand-k (Stich, Cordonnier and Jaggi, NeurIPS 2018, Algorithm 1): acc = m + eta g, send
+RandK(acc), m = acc - RandK(acc). Worker p at iteration t draws with
+``np.random.default_rng([seed, p, t, RANDK_STREAM])`` (independent of the mini-batch draw ``[seed, p, t]``);
+with segments that one generator draws the segments' coordinates in segment order.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..compression import randk
+from .base import register
+from .topk import AllgatherSparse
+
+#: Stream tag appended to ``[seed, rank, iteration]`` for the rand-k coordinate draw ("RAND" in ASCII).
+RANDK_STREAM = 0x52414E44
+
+
+@register
+class RandK(AllgatherSparse):
+    """Rand-k S-SGD: k coordinates drawn uniformly without replacement, allgathered and summed."""
+
+    name = "randk"
+    summary = "rand-k S-SGD with error feedback (Mem-SGD with rand-k): allgather of k random coordinates"
+    uses_seed = True
+    source = "Stich, Cordonnier and Jaggi, NeurIPS 2018 (Mem-SGD), Algorithm 1 with rand-k"
+
+    def select(self, spec, acc, k, ctx):
+        rng = ctx.scratch.get("randk_rng")
+        if rng is None:
+            rng = ctx.scratch["randk_rng"] = np.random.default_rng([spec.seed, ctx.rank, ctx.iteration, RANDK_STREAM])
+        return randk(acc, k, rng)

@@ -1,0 +1,107 @@
+"""Top-k S-SGD with error feedback: every worker sends its k largest-magnitude accumulator entries,
+the selections are allgathered and summed.
+
+acc_p = eps_p + alpha_t G_p; g = sum_q TopK(acc_q) (allgather); eps_p = acc_p - TopK(acc_p)
+(Shi et al. IJCAI 2019, Algorithm 1 with TopK in place of gTopK; Aji and Heafield 2017; the
+allgather as in Renggli et al. SC 2019's Top-k baseline). Collectives: ``allgather`` (Bruck: ceil(lg P)
+rounds) and ``hierarchical`` (node gather, inter-node Bruck, node broadcast).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import collectives as C
+from ..compression import Sparse, topk
+from ..ops import Compute
+from .base import Algorithm, Exchange, register
+
+
+class AllgatherSparse(Algorithm):
+    """Shared shape of the algorithms that allgather each worker's own k-entry selection and sum it
+    (Top-k, rand-k): subclasses define :meth:`select`."""
+
+    trace_name = "allgather"
+    collectives = ("allgather", "hierarchical")
+
+    def scenario_settings(self, compression):
+        return {"collective": compression.topk_collective}
+
+    def select(self, spec, acc: np.ndarray, k: int, ctx) -> Sparse:
+        """This worker's k entries of the segment ``acc`` (float array (d_b,))."""
+        raise NotImplementedError
+
+    def exchange(self, spec, acc, k, ctx):
+        yield Compute("select", acc.shape[0])
+        sel = self.select(spec, acc, k, ctx)
+        vb, ib = spec.value_bytes, spec.index_bytes
+        if spec.collective == "hierarchical":
+            g = yield from C.hier_topk_allgather_sum(ctx.rank, ctx.P, spec.gpus_per_node, sel, vb, ib)
+        else:
+            g = yield from C.topk_allgather_sum(ctx.rank, ctx.P, sel, vb, ib)
+        res = acc.copy()
+        res[sel.idx] = 0.0
+        return Exchange(g, res, len(sel), len(sel))
+
+    def timing_payloads(self, spec, P, d, rng):
+        from ..timing import random_selection
+
+        # the allgather moves each rank's k entries whatever they are: one selection serves every rank
+        return [random_selection(spec.k, d, rng)] * P
+
+    def timing_exchange(self, spec, rank, P, d, payload):
+        yield Compute("select", d)
+        vb, ib = spec.value_bytes, spec.index_bytes
+        # the allgather's messages and its reduce op, without its dense sum (numerics only)
+        nbytes_of = lambda s_: s_.nbytes(vb, ib)  # noqa: E731
+        if spec.collective == "hierarchical":
+            out = yield from C.hier_allgather(rank, P, spec.gpus_per_node, payload, nbytes_of)
+        else:
+            out = yield from C.bruck_allgather(rank, P, payload, nbytes_of)
+        yield Compute("reduce", sum(len(b) for b in out))
+        return out
+
+    def fast_exchange(self, eng, spec, d, it, G):
+        from ..fastsim import _binomial, _mapper
+
+        eng.compute("select", d, it)
+        P = eng.P
+        R = np.arange(P, dtype=np.int64)
+        k = spec.k
+        m = k * (spec.value_bytes + spec.index_bytes)
+        if spec.collective == "hierarchical":
+            local, node = R % G, R // G
+            N = P // G
+            intra = _mapper(1, node * G)
+            _binomial(eng, C.binomial_reduce_schedule(local, G), intra,
+                      lambda mask, dst: np.minimum(mask, G - local) * m, 0, it)
+            leader = local == 0
+            for dst, src, cnt in C.bruck_schedule(node, N):
+                eng.exchange(np.where(leader, dst * G, -1), np.where(leader, src * G, -1), cnt * G * m)
+            _binomial(eng, C.binomial_bcast_schedule(local, G), intra, lambda mask, dst: P * m, 0, it)
+        else:
+            for dst, src, cnt in C.bruck_schedule(R, P):
+                eng.exchange(dst, src, cnt * m)
+        eng.compute("reduce", P * k, it)
+
+    def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
+        from .. import costs
+        from .dense import _hier_params
+
+        vb, ib = spec.value_bytes, spec.index_bytes
+        if spec.collective == "hierarchical":
+            G, _, (ai, bi), (ae, be) = _hier_params(spec, alpha, beta, cluster)
+            return costs.hier_topk_time(P // G, G, spec.k, ai, bi, ae, be, vb, ib)
+        return costs.topk_allgather_time(P, spec.k, alpha, beta, vb, ib)
+
+
+@register
+class TopK(AllgatherSparse):
+    """Top-k S-SGD: the k largest |acc_p| entries (ties to the lower index, exact zeros never selected),
+    allgathered and summed; eps_p = acc_p - TopK(acc_p)."""
+
+    name = "topk"
+    summary = "Top-k S-SGD with error feedback: allgather of each worker's k largest entries"
+    source = "Shi et al. IJCAI 2019, Algorithm 1 (TopK); Aji and Heafield 2017"
+
+    def select(self, spec, acc, k, ctx):
+        return topk(acc, k)
