@@ -228,6 +228,11 @@ class Algorithm:
         """Tags of the display label (``name[tag,...]``) besides ``layerwise``; none by default."""
         return []
 
+    def drops_mass(self, spec: "AlgorithmSpec") -> bool:
+        """Whether ``spec`` may lose mass by design (sum_p acc_p != g + sum_p eps_p; metrics.csv's mass_error
+        measures it): False by default."""
+        return False
+
     def check_spec(self, spec: "AlgorithmSpec") -> None:
         """Extra validation of ``spec`` beyond collective and options (ConfigError); nothing by default."""
 

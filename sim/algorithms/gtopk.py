@@ -36,6 +36,9 @@ class GTopK(Algorithm):
     def label_tags(self, spec):
         return ["reference"] if spec.mask == "reference" else []
 
+    def drops_mass(self, spec):
+        return spec.mask == "reference"
+
     def exchange(self, spec, acc, k, ctx):
         yield Compute("select", acc.shape[0])
         sel = topk(acc, k)
