@@ -35,7 +35,7 @@ __all__ = ["SweepPlan", "RESULT_COLUMNS", "plan", "run_sweep", "confidence_inter
 RESULT_COLUMNS = ("objective", "algorithm", "c", "k", "d", "B", "T", "seeds", "empirical_mean", "ci_low", "ci_high",
                   "bound_published", "bound_corrected", "published_holds", "corrected_holds")
 
-ALGORITHMS = ("topk", "gtopk")
+ALGORITHMS = ("topk", "gtopk")  # algorithms: the two the bounds are stated for
 P_WORKERS = 4
 
 

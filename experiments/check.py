@@ -75,8 +75,12 @@ class CheckReport:
 
 
 def _is_dense(label: str) -> bool:
-    """Whether an algorithm label (``dense``, ``dense[backend_allreduce]``, ``topk``, ...) is dense S-SGD."""
-    return label.split("[", 1)[0] == "dense"
+    """Whether an algorithm label (``dense``, ``dense[backend_allreduce]``, ``topk``, ...) names a registered
+    algorithm that sends everything (not sparse: no k, no Assumption 1 ratio)."""
+    from sim.algorithms import REGISTRY
+
+    algo = REGISTRY.get(label.split("[", 1)[0])
+    return algo is not None and not algo.sparse
 
 def _num(s: str) -> float:
     return math.nan if s == "" else float(s)

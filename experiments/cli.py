@@ -223,6 +223,22 @@ def _print_workload_summary(path, s):
                    f"{'' if sp is None else f'{sp:.2f}x':>9}{t['communication_ops'] or '':>6}")
 
 
+@main.command("algorithms")
+@_user_errors
+def algorithms_cmd():
+    """The registered algorithms (sim/algorithms/, one file each): name, k or not, collectives (the first is the
+    default), options ([algorithm.NAME] in a scenario) and source."""
+    from sim.algorithms import REGISTRY
+
+    click.echo("| algorithm | sparse (k) | collectives | options ([algorithm.NAME]) | what | source |")
+    click.echo("|---|---|---|---|---|---|")
+    for name, algo in REGISTRY.items():
+        names = name + "".join(f", {a}" for a in algo.aliases)
+        opts = "; ".join(f"`{k}` = {o.default!r} ({o.help})" for k, o in algo.options.items()) or "-"
+        click.echo(f"| `{names}` | {'yes' if algo.sparse else 'no'} | {', '.join(algo.collectives)} | {opts} | "
+                   f"{algo.summary} | {algo.source} |")
+
+
 @main.command()
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @_user_errors
@@ -319,14 +335,6 @@ def scenario_keys_cmd():
 #: gives the same times).
 MESSAGE_ENGINE_MAX_P = 4096
 
-#: predict's collectives: name -> (algorithm, collective) of the AlgorithmSpec that runs it.
-PREDICT_COLLECTIVES = {
-    "ring": ("dense", "ring"), "recursive_doubling": ("dense", "recursive_doubling"), "allgather": ("topk", "allgather"),
-    "gtopk_tree": ("gtopk", "tree"), "gtopk_rd": ("gtopk", "recursive_doubling"),
-    "hier_dense": ("dense", "hierarchical"), "hier_topk": ("topk", "hierarchical"), "hier_gtopk": ("gtopk", "hierarchical"),
-}
-
-
 @main.command()
 @click.option("--P", "P", default=None,
               help="comma-separated worker counts (<= 65536) [default: 4,8,16,32,64,128; for a cluster preset of G "
@@ -338,7 +346,10 @@ PREDICT_COLLECTIVES = {
 @click.option("--simulate", is_flag=True, help="also simulate each collective and print it next to the closed form")
 @click.option("--engine", type=click.Choice(["auto", "fast", "message"]), default=None,
               help="engine of --simulate [default: auto] (message: every message an event; slow beyond P ~ 256)")
-@click.option("--collectives", default=None, help=f"comma-separated subset of {', '.join(PREDICT_COLLECTIVES)}")
+@click.option("--collectives", default=None,
+              help="comma-separated columns: ring, recursive_doubling, allgather, gtopk_tree, gtopk_rd, hier_dense, "
+                   "hier_topk, hier_gtopk, or any ALGORITHM[:COLLECTIVE] of `sparsim algorithms` [default: every "
+                   "algorithm's main collectives]")
 @click.option("--alpha-s", "alpha_s", type=float, default=None,
               help="a flat star network of this end-to-end latency (s) instead of a preset (with --bandwidth-Bps)")
 @click.option("--bandwidth-Bps", "bandwidth_Bps", type=float, default=None,
@@ -351,7 +362,7 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
     simulated time (s) next to it, on a flat network or a hierarchical cluster preset."""
     import time
 
-    from sim.algorithms import AlgorithmSpec
+    from sim.algorithms import REGISTRY, AlgorithmSpec, predict_columns, predict_default_columns
     from sim.errors import check_range
     from sim.network import PRESETS, NetworkSpec, get_preset
     from sim.timing import closed_form_comm_s, resolve_engine, simulate_timing
@@ -399,15 +410,29 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
         raise SparsimError(f"--network {network!r} is unknown: valid {', '.join(PRESETS)}, {', '.join(CLUSTER_PRESETS)}")
     clusters = {p: get_cluster_preset(network, p) for p in Ps} if hier else {}
     flat_net = custom if custom is not None else (None if hier else get_preset(network))
-    default = list(PREDICT_COLLECTIVES) if hier else list(PREDICT_COLLECTIVES)[:5]
-    cols = default if collectives is None else [c.strip() for c in collectives.split(",") if c.strip()]
+    known = predict_columns(True)
+    cols = predict_default_columns(hier) if collectives is None else [
+        c.strip() for c in collectives.split(",") if c.strip()]
     if not cols:
         raise SparsimError(f"--collectives {collectives!r} names none: valid a comma-separated subset of "
-                           f"{', '.join(PREDICT_COLLECTIVES)}")
+                           f"{', '.join(known)} or ALGORITHM[:COLLECTIVE]")
+    runs = {}
     for c in cols:
-        if c not in PREDICT_COLLECTIVES:
-            raise SparsimError(f"--collectives: {c!r} is unknown: valid {', '.join(PREDICT_COLLECTIVES)}")
-        if c.startswith("hier_") and not hier:
+        if c in known:
+            runs[c] = known[c]
+        else:
+            name, _, coll = c.partition(":")
+            if name not in REGISTRY:
+                raise SparsimError(f"--collectives: {c!r} is unknown: valid {', '.join(known)} or ALGORITHM[:COLLECTIVE] "
+                                   f"with ALGORITHM one of {', '.join(REGISTRY)}")
+            algo = REGISTRY[name]
+            coll = coll or algo.collectives[0]
+            if coll not in algo.collectives or coll == "backend_allreduce":
+                valid = [x for x in algo.collectives if x != "backend_allreduce"]
+                raise SparsimError(f"--collectives: {c!r}: collective {coll!r} is not one of {name}'s: valid "
+                                   f"{', '.join(valid)}")
+            runs[c] = (name, coll)
+        if runs[c][1] == "hierarchical" and not hier:
             raise SparsimError(f"--collectives: {c} needs a cluster preset (--network {', '.join(CLUSTER_PRESETS)})")
     k = max(1, round(density * d))
     if hier:
@@ -423,17 +448,18 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
                    ("" if simulate else "; times in ms"))
 
     def spec_of(c, p):
-        alg, coll = PREDICT_COLLECTIVES[c]
+        alg, coll = runs[c]
         G = clusters[p].gpus_per_node if hier else 1
-        return AlgorithmSpec(alg, k=None if alg == "dense" else k, collective=coll, gpus_per_node=G)
+        return AlgorithmSpec(alg, k=k if REGISTRY[alg].sparse else None, collective=coll, gpus_per_node=G)
 
     if not simulate:
         if hier:
             click.echo(f"d = {d}, k = {k}; times in ms")
-        click.echo(f"{'P':>6}" + "".join(f"{c:>20}" for c in cols))
+        w = max(20, max(len(c) for c in cols) + 2)
+        click.echo(f"{'P':>6}" + "".join(f"{c:>{w}}" for c in cols))
         for p in Ps:
             cl = clusters.get(p)
-            click.echo(f"{p:>6}" + "".join(f"{1e3 * closed_form_comm_s(spec_of(c, p), p, d, alpha, beta, cl):>20.3f}"
+            click.echo(f"{p:>6}" + "".join(f"{1e3 * closed_form_comm_s(spec_of(c, p), p, d, alpha, beta, cl):>{w}.3f}"
                                            for c in cols))
         return
     net = flat_net
@@ -449,7 +475,8 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
             "minutes (engine auto or fast gives the same times in seconds)")
     click.echo(f"d = {d}, k = {k}; simulated and closed-form communication time per iteration in s, "
                f"wall = seconds this machine took to simulate it (engine {engine})")
-    click.echo(f"{'P':>6}  {'collective':<20}{'simulated s':>14}{'closed form s':>15}{'sim/closed':>12}{'wall s':>9}")
+    w = max(20, max(len(c) for c in cols) + 2)
+    click.echo(f"{'P':>6}  {'collective':<{w}}{'simulated s':>14}{'closed form s':>15}{'sim/closed':>12}{'wall s':>9}")
     for p in Ps:
         for c in cols:
             spec = spec_of(c, p)
@@ -458,7 +485,7 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
             wall = time.perf_counter() - t0
             cf = closed_form_comm_s(spec, p, d, alpha, beta, clusters.get(p))
             ratio = f"{sim_s / cf:.4f}" if cf > 0 else "-"  # P = 1: nothing to send
-            click.echo(f"{p:>6}  {c:<20}{sim_s:>14.6g}{cf:>15.6g}{ratio:>12}{wall:>9.3f}")
+            click.echo(f"{p:>6}  {c:<{w}}{sim_s:>14.6g}{cf:>15.6g}{ratio:>12}{wall:>9.3f}")
 
 
 @main.group()

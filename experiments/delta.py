@@ -34,7 +34,7 @@ __all__ = ["DeltaObjective", "plan", "run_delta", "STEP_COLUMNS", "SUMMARY_COLUM
 STEP_COLUMNS = ("objective", "algorithm", "d", "k", "c", "iteration", "delta", "loss")
 SUMMARY_COLUMNS = ("objective", "algorithm", "d", "k", "c", "steps", "frac_le_1", "mean_delta", "max_delta",
                    "min_delta", "note")
-ALGORITHMS = ("topk", "gtopk")
+ALGORITHMS = ("topk", "gtopk")  # algorithms: the gTop-k paper's Figure 1 compares these two
 P_WORKERS = 4
 BATCH = 16
 LR = 0.5
@@ -131,7 +131,7 @@ def markdown(summary: list[dict]) -> str:
         lines.append(f"| {s['objective']} | {s['algorithm']} | {s['d']} | {s['k']} | {s['c']} | {s['steps']} | "
                      f"{100 * s['frac_le_1']:.2f}% | {s['mean_delta']:.4f} | {s['max_delta']:.4f} | {s['min_delta']:.4f} |")
     notes = sorted({s["note"] for s in summary if s["note"]})
-    g = [s for s in summary if s["algorithm"] == "gtopk"]
+    g = [s for s in summary if s["algorithm"] == "gtopk"]  # algorithms: the paper's claim is about gTop-k
     just_below = all(0.9 <= s["mean_delta"] <= 1.0 for s in g)
     per = "; ".join(f"{s['objective']}: mean {s['mean_delta']:.4f}, max {s['max_delta']:.4f}, "
                     f"{100 * (1 - s['frac_le_1']):.1f}% of steps above 1" for s in g)

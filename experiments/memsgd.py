@@ -225,7 +225,7 @@ def run_memsgd(out, *, quick: bool = False, force: bool = False, jobs: int | Non
     tmp = partial_dir(out, fresh=False)
     fjobs = [(ds, str(tmp / "runs" / f"{ds.name}_fstar.json")) for ds in sets]
     args = [(ds, s, alg, k, str(tmp / "runs" / (f"{ds.name}_{s}_{alg}" + ("" if k is None else f"_k{k}"))))
-            for ds in sets for s in schedules for alg, k in [("sgd", None)] + [(a, k) for a in ("topk", "randk")
+            for ds in sets for s in schedules for alg, k in [("sgd", None)] + [(a, k) for a in ("topk", "randk")  # algorithms: Mem-SGD's figure
                                                                                 for k in ds.ks]]
     both = map_jobs(_dispatch, [("f", *a) for a in fjobs] + [("r", *a) for a in args], jobs=jobs, scheduler=scheduler, desc="memsgd",
                     progress=progress)

@@ -82,31 +82,35 @@ def _gpus_per_node(cl) -> int:
 
 
 def messages_per_step(algorithm: str, collective: str, P: int, G: int = 1, segments: int = 1) -> int:
-    """Messages one worker sends per step (an estimate for :func:`estimate_work`): dense ring 2(P-1),
-    dense hierarchical 2(G-1) + 2(N-1) (N = P / G nodes), any other collective 2 ceil(lg P) + 2 (the
-    logarithmic-round ones: recursive doubling, Bruck allgather, binomial tree + broadcast, the hierarchical
-    sparse ones), times ``segments`` for a sparse algorithm with layer-wise selection; 0 when P = 1."""
+    """Messages one worker sends per step (an estimate for :func:`estimate_work`): a ``ring`` collective 2(P-1),
+    a ``hierarchical`` one of a non-segmented algorithm (the dense allreduce) 2(G-1) + 2(N-1) (N = P / G nodes),
+    any other collective 2 ceil(lg P) + 2 (the logarithmic-round ones: recursive doubling, Bruck allgather,
+    binomial tree + broadcast, the hierarchical sparse ones), times ``segments`` for a segmented algorithm with
+    layer-wise selection; 0 when P = 1. algorithm: a registered name (ConfigError otherwise)."""
+    from sim.algorithms import get
+
     if P <= 1:
         return 0
-    if algorithm == "dense":
-        if collective == "ring":
-            return 2 * (P - 1)
-        if collective == "hierarchical":
-            return 2 * (G - 1) + 2 * (P // max(G, 1) - 1)
-        return 2 * math.ceil(math.log2(P)) + 2
-    return (2 * math.ceil(math.log2(P)) + 2) * max(segments, 1)
+    algo = get(algorithm)
+    if collective == "ring":
+        m = 2 * (P - 1)
+    elif collective == "hierarchical" and not algo.segmented:
+        m = 2 * (G - 1) + 2 * (P // max(G, 1) - 1)
+    else:
+        m = 2 * math.ceil(math.log2(P)) + 2
+    return m * (max(segments, 1) if algo.segmented else 1)
 
 
 def estimate_work(sc, d: int) -> float:
     """Estimated work of running scenario ``sc`` with d parameters (units, see the module docstring)."""
+    from .run import algorithm_specs
+
     cl, c = sc.cluster, sc.compression
     P, T, G = cl.P, sc.training.iterations, _gpus_per_node(sc.cluster)
     segments = len(c.layer_sizes) or 1
     total = 0.0
-    for name in sc.algorithms:
-        alg = "dense" if name == "dense" else ("gtopk" if name.startswith("gtopk") else name)
-        coll = {"dense": c.dense_collective, "gtopk": c.gtopk_collective}.get(alg, c.topk_collective)
-        m = messages_per_step(alg, coll, P, G, segments)
+    for spec in algorithm_specs(sc, 1, G):
+        m = messages_per_step(spec.name, spec.collective, P, G, segments)
         total += float(T) * P * (d + MESSAGE_UNITS * m + STEP_UNITS)
     return total
 

@@ -118,7 +118,7 @@ class Built:
                                   f">= 1 summing to d = {self.d}")
             import dataclasses as _dc
 
-            self.specs = [s if s.name == "dense" else _dc.replace(s, segments=sizes) for s in self.specs]
+            self.specs = [_dc.replace(s, segments=sizes) if s.algorithm.segmented else s for s in self.specs]
         if not isinstance(self.network, ClusterSpec):
             hier = [f"compression.{k}" for k in ("dense_collective", "topk_collective", "gtopk_collective")
                     if getattr(c, k) == "hierarchical"]

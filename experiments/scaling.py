@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from sim.algorithms import AlgorithmSpec
+from sim.algorithms import AlgorithmSpec, get
 from sim.compute import ComputeModel
 from sim.costs import ring_allreduce_time, topk_allgather_time
 from sim.errors import SparsimError
@@ -117,27 +117,28 @@ class ModelSpec:
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     ModelSpec("ResNet-20", 270_000, 32, 920.6,
-              {"dense": (89.3, 76.6, 56.5, 31.3), "topk": (98.7, 81.8, 80.1, 75.6), "gtopk": (99.5, 94.4, 87.8, 85.7)},
+              {"dense": (89.3, 76.6, 56.5, 31.3), "topk": (98.7, 81.8, 80.1, 75.6), "gtopk": (99.5, 94.4, 87.8, 85.7)},  # algorithms: the paper's published series
               (2.74, 1.13), (128, 0.1460, 0.0016, 0.0247)),
     ModelSpec("VGG-16", 14_700_000, 128, 1317.3,
-              {"dense": (7.9, 7.0, 3.0, 1.0), "topk": (8.4, 8.3, 7.4, 4.8), "gtopk": (9.9, 9.9, 9.6, 9.4)},
+              {"dense": (7.9, 7.0, 3.0, 1.0), "topk": (8.4, 8.3, 7.4, 4.8), "gtopk": (9.9, 9.9, 9.6, 9.4)},  # algorithms: the paper's published series
               (9.78, 1.96), (128, 0.1395, 0.0914, 0.8118)),
     ModelSpec("AlexNet", 61_000_000, 32, 173.5,
-              {"dense": (8.1, 7.0, 2.8, 0.7), "topk": (8.2, 8.0, 7.7, 5.3), "gtopk": (9.5, 9.5, 9.4, 9.1)},
+              {"dense": (8.1, 7.0, 2.8, 0.7), "topk": (8.2, 8.0, 7.7, 5.3), "gtopk": (9.5, 9.5, 9.4, 9.1)},  # algorithms: the paper's published series
               (12.79, 1.71), (64, 0.2572, 0.3838, 3.3630)),
     ModelSpec("ResNet-50", 25_600_000, 32, 52.9,
-              {"dense": (73.8, 70.0, 43.8, 20.3), "topk": (71.4, 67.5, 65.2, 57.8), "gtopk": (75.3, 75.1, 73.9, 74.0)},
+              {"dense": (73.8, 70.0, 43.8, 20.3), "topk": (71.4, 67.5, 65.2, 57.8), "gtopk": (75.3, 75.1, 73.9, 74.0)},  # algorithms: the paper's published series
               (3.65, 1.28)),
 )}
 
 #: Simulated variants: name -> (algorithm, collective, mask, value_bytes, index_bytes).
+# algorithms: the ICDCS 2019 paper's three variants and the released code's gTop-k
 VARIANTS = {
     "dense": ("dense", "ring", "exact", 4, 0),
     "topk": ("topk", "allgather", "exact", 4, 4),
     "gtopk": ("gtopk", "tree", "exact", 4, 4),
     "gtopk_released": ("gtopk", "tree", "reference", 8, 8),
 }
-MAIN_VARIANTS = ("dense", "topk", "gtopk")
+MAIN_VARIANTS = ("dense", "topk", "gtopk")  # algorithms: the paper's three series
 #: Hierarchical collectives (on :data:`CLUSTER` only): name -> (algorithm, collective, mask, value_bytes,
 #: index_bytes); ``gpus_per_node`` comes from the cluster. ``<alg>_hier`` is the hierarchy-aware counterpart of
 #: ``<alg>``: dense = intra-node reduce-scatter, inter-node ring per local rank, intra-node allgather;
@@ -222,8 +223,8 @@ def variant_spec(variant: str, k: int, gpus_per_node: int = 1) -> AlgorithmSpec:
     except KeyError:
         raise SparsimError(f"variant = {variant!r} is unknown: valid {', '.join([*VARIANTS, *HIER_VARIANTS])}") from None
     G = gpus_per_node if coll == "hierarchical" else 1
-    if alg == "dense":
-        return AlgorithmSpec("dense", collective=coll, value_bytes=vb, gpus_per_node=G)
+    if not get(alg).sparse:
+        return AlgorithmSpec(alg, collective=coll, value_bytes=vb, gpus_per_node=G)
     return AlgorithmSpec(alg, k=k, collective=coll, mask=mask, value_bytes=vb, index_bytes=ib, gpus_per_node=G)
 
 
@@ -243,9 +244,9 @@ def _simulate_row(model: str, variant: str, spec: AlgorithmSpec, P: int, network
                           engine="auto")
     t_iter = float(res.iter_s.mean())
     return {"model": model, "variant": variant, "algorithm": spec.name, "collective": spec.collective,
-            "mask": spec.mask if spec.name == "gtopk" else "", "element_bytes": spec.value_bytes + (
-                spec.index_bytes if spec.name != "dense" else 0),
-            "d": m.d, "k": m.k if spec.name != "dense" else m.d, "batch": m.batch, "P": P, "iterations": iterations,
+            "mask": spec.mask if spec.algorithm.uses_mask else "",
+            "element_bytes": spec.value_bytes + (spec.index_bytes if spec.algorithm.sparse else 0),
+            "d": m.d, "k": m.k if spec.algorithm.sparse else m.d, "batch": m.batch, "P": P, "iterations": iterations,
             "t_iter_s": t_iter, "t_compute_s": res.compute_s, "t_select_s": res.compress_s,
             "t_comm_s": t_iter - res.compute_s - res.compress_s,
             "efficiency_pct": 100.0 * fb / t_iter, "per_worker_samples_per_s": m.batch / t_iter,
@@ -392,7 +393,7 @@ def simulate_overlap_case(model: str, network: str, algorithm: str, policy: str,
     m = MODELS[model]
     net = _overlap_network(network, P, cluster)
     spec = variant_spec(algorithm, overlap_k(model))
-    pol = TimelinePolicy(dense=policy) if algorithm == "dense" else TimelinePolicy(sparse=policy)
+    pol = TimelinePolicy(sparse=policy) if spec.algorithm.sparse else TimelinePolicy(dense=policy)
     res = simulate_timeline(spec, icdcs_workload(model), P, network=net, policy=pol, batch_size=m.batch,
                             compute=ComputeModel(select_coeff_s=SELECT_COEFF_S), iterations=iterations, engine="auto")
     t_iter = float(res.iter_s.mean())
@@ -405,7 +406,7 @@ def simulate_overlap_case(model: str, network: str, algorithm: str, policy: str,
             # not in overlap.csv: what the row was simulated with (s, elements)
             "t_compute_s": float(res.compute_s.mean()), "comm_s": float(res.comm_s.mean()),
             "compress_s": float(res.compress_s.mean()), "d": icdcs_workload(model).d,
-            "k": None if algorithm == "dense" else spec.k, "cluster": cluster if network == "cluster" else ""}
+            "k": spec.k if spec.algorithm.sparse else None, "cluster": cluster if network == "cluster" else ""}
 
 
 # ----------------------------------------------------------------------------- crossover
@@ -751,7 +752,8 @@ def overlap_summary(orows: list[dict]) -> list[dict]:
     (errors as fractions)."""
     out = []
     for net in OVERLAP_NETWORKS:
-        for alg, pol in sorted(OVERLAP_CASES, key=lambda c: (c[0] != "dense", c[1] != "none")):  # dense none first
+        # dense none first
+        for alg, pol in sorted(OVERLAP_CASES, key=lambda c: (get(c[0]).sparse, c[1] != "none")):
             rs = [r for r in orows if (r["network"], r["algorithm"], r["policy"]) == (net, alg, pol)
                   and r["published_pct"] is not None]
             if not rs:
@@ -844,7 +846,7 @@ def _overlap_reading(orows: list[dict], nets: list[str], label: dict) -> str:
     lines = ["What overlap changes:"]
     pairs = []
     for r in orows:
-        if r["algorithm"] == "dense" and r["policy"] == "ddp":
+        if r["algorithm"] == "dense" and r["policy"] == "ddp":  # algorithms: the DDP baseline row
             b = _orow(orows, r["model"], r["P"], r["network"], "dense", "none")
             if b is not None:
                 pairs.append((r, b))
@@ -956,7 +958,7 @@ def _hierarchy_reading(sp: ScalingPlan, hrows: list[dict], summ: list[dict], G: 
     shared = (f"the {G // cl.nics_per_node} GPUs behind each NIC queue on it" if cl.nics_per_node < G else
               "every GPU has its own NIC")
     pub = [r for r in hrows if r["published_pct"] is not None]
-    names = {"dense": "dense ring", "topk": "Top-k allgather", "gtopk": "gTop-k tree"}
+    names = {"dense": "dense ring", "topk": "Top-k allgather", "gtopk": "gTop-k tree"}  # algorithms: the paper's
     lines = ["What the hierarchy explains and what it does not:"]
 
     def moved(a, b):
@@ -1102,7 +1104,7 @@ def _hierarchy_figure(sp: ScalingPlan, hrows: list[dict], outdir: Path) -> None:
 
     n = len(sp.models)
     fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 4.2), squeeze=False)
-    colors = {"dense": "C0", "topk": "C1", "gtopk": "C2"}
+    colors = {"dense": "C0", "topk": "C1", "gtopk": "C2"}  # algorithms: the paper's three series
     for j, name in enumerate(sp.models):
         ax = axes[0, j]
         for alg in MAIN_VARIANTS:
@@ -1127,7 +1129,7 @@ def _figure(sp: ScalingPlan, cases: dict, outdir: Path) -> None:
 
     n = len(sp.models)
     fig, axes = plt.subplots(2, n, figsize=(4.6 * n, 7.5), squeeze=False)
-    colors = {"dense": "C0", "topk": "C1", "gtopk": "C2", "gtopk_released": "C3"}
+    colors = {"dense": "C0", "topk": "C1", "gtopk": "C2", "gtopk_released": "C3"}  # algorithms: the paper's
     for j, name in enumerate(sp.models):
         m = MODELS[name]
         top, bot = axes[0, j], axes[1, j]

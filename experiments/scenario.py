@@ -266,7 +266,7 @@ class Scenario(_Strict):
     name: str = Field("scenario", description="label used in outputs")
     seed: int = Field(0, ge=0, description="seed of data sharding, mini-batches, jitter and initial point")
     algorithms: list[str] = Field(
-        ["dense", "topk", "gtopk"], min_length=1,
+        ["dense", "topk", "gtopk"], min_length=1,  # algorithms: the default comparison
         description="algorithms compared with identical data and seeds (`sparsim algorithms` lists them)")
     algorithm: dict[str, dict[str, int | float | str]] = Field(
         {}, description="per-algorithm options, e.g. [algorithm.powersgd] rank = 4 (`sparsim algorithms` lists them)")

@@ -40,7 +40,8 @@ def scenario_job(ctx, scenario_dump: dict) -> list | None:
     for spec in built.specs:
         res = run_worker(ctx.rank, ctx.P, spec, built.workers, T=sc.training.iterations, lr=built.lr, x0=built.x0,
                          transport=ctx.transport, eval_every=sc.training.eval_every,
-                         backend_allreduce=sc.torch.backend_allreduce and spec.name == "dense")
+                         backend_allreduce=sc.torch.backend_allreduce
+                         and "backend_allreduce" in spec.algorithm.collectives)
         if ctx.rank == 0:
             rows.extend(res.rows)
     return rows if ctx.rank == 0 else None

@@ -19,7 +19,6 @@ __all__ = [
     "topk_allgather_time",
     "gtopk_tree_time",
     "gtopk_rd_time",
-    "collective_time",
     "hier_allreduce_time",
     "hier_topk_time",
     "hier_gtopk_time",
@@ -87,26 +86,6 @@ def gtopk_rd_time(P: int, k: int, alpha: float, beta: float, value_bytes: int = 
         b = mask_nbytes(k) if exact else 0
         t += (alpha + ks * beta) + (alpha + (ks + b) * beta)
     return t
-
-
-def collective_time(name: str, P: int, d: int, k: int, alpha: float, beta: float, value_bytes: int = 4,
-                    index_bytes: int = 4, exact: bool = True) -> float:
-    """Closed-form time (s) of one S-SGD communication step by collective name.
-
-    name: "ring" | "recursive_doubling" (dense allreduce of d values), "allgather" (Top-k),
-    "gtopk_tree" | "gtopk_rd" (gTop-k). Raises KeyError for other names.
-    """
-    if name == "ring":
-        return ring_allreduce_time(P, d, alpha, beta, value_bytes)
-    if name == "recursive_doubling":
-        return rd_allreduce_time(P, d * value_bytes, alpha, beta)
-    if name == "allgather":
-        return topk_allgather_time(P, k, alpha, beta, value_bytes, index_bytes)
-    if name == "gtopk_tree":
-        return gtopk_tree_time(P, k, alpha, beta, value_bytes, index_bytes, exact)
-    if name == "gtopk_rd":
-        return gtopk_rd_time(P, k, alpha, beta, value_bytes, index_bytes, exact)
-    raise KeyError(name)
 
 
 # ----------------------------------------------------------------------------- hierarchical clusters

@@ -226,16 +226,17 @@ def test_simpy_and_lockstep_drivers_compute_identical_numbers(spec):
 def test_simulated_iteration_time_is_compute_plus_closed_form():
     """With constant compute and zero compression costs, each iteration costs forward_backward_s + the collective."""
     from sim.compute import ComputeModel
-    from sim.costs import collective_time
+    from sim.costs import gtopk_tree_time, ring_allreduce_time, topk_allgather_time
 
     P, k = 8, 6
     obj, w = _workers(P)
     alpha, beta = PRESETS["1GbE"].end_to_end_alpha_beta()
     cm = ComputeModel(forward_backward_s=0.01, select_coeff_s=0.0)
-    for spec, name in ((AlgorithmSpec("dense"), "ring"), (AlgorithmSpec("topk", k=k), "allgather"),
-                       (AlgorithmSpec("gtopk", k=k), "gtopk_tree")):
+    for spec, comm in ((AlgorithmSpec("dense"), ring_allreduce_time(P, obj.d, alpha, beta)),
+                       (AlgorithmSpec("topk", k=k), topk_allgather_time(P, k, alpha, beta)),
+                       (AlgorithmSpec("gtopk", k=k), gtopk_tree_time(P, k, alpha, beta))):
         rows = run_algorithm(spec, w, T=3, lr=lambda t: 0.1, x0=obj.x0(0), network=PRESETS["1GbE"], compute=cm)
-        expect = 0.01 + collective_time(name, P, obj.d, k, alpha, beta)
+        expect = 0.01 + comm
         for r in rows[1:]:
             assert r["iter_time_s"] == pytest.approx(expect, rel=1e-9)
             assert r["compute_s"] == pytest.approx(0.01, rel=1e-12)

@@ -112,10 +112,12 @@ def test_logarithmic_collectives_at_scale_equal_their_closed_forms(P):
     net = get_preset("1GbE")
     alpha, beta = net.end_to_end_alpha_beta()
     d, k = 25_000_000, 25_000
-    for spec, name in ((AlgorithmSpec("topk", k=k), "allgather"), (AlgorithmSpec("gtopk", k=k), "gtopk_tree"),
-                       (AlgorithmSpec("gtopk", k=k, collective="recursive_doubling"), "gtopk_rd")):
+    for spec, closed in ((AlgorithmSpec("topk", k=k), costs.topk_allgather_time(P, k, alpha, beta)),
+                         (AlgorithmSpec("gtopk", k=k), costs.gtopk_tree_time(P, k, alpha, beta)),
+                         (AlgorithmSpec("gtopk", k=k, collective="recursive_doubling"),
+                          costs.gtopk_rd_time(P, k, alpha, beta))):
         t = simulate_timing_fast(spec, P, d, network=net).iter_s[0]
-        assert t == pytest.approx(costs.collective_time(name, P, d, k, alpha, beta), rel=1e-9)
+        assert t == pytest.approx(closed, rel=1e-9)
     if P <= 16384:
         dgx = get_cluster_preset("dgx-h100", P)
         spec = AlgorithmSpec("gtopk", k=k, collective="hierarchical", gpus_per_node=8)

@@ -126,8 +126,13 @@ def _stray(path: Path) -> list[str]:
     src = path.read_text()
     lines = src.splitlines()
     bad = []
-    for node in ast.walk(ast.parse(src)):
+    tree = ast.parse(src)
+    skip = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)}  # function names
+    for node in ast.walk(tree):
         hits = None
+        if id(node) in skip:
+            continue
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             lits = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names]
             if len(set(lits)) >= 2:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import importlib
 
 from .base import (REGISTRY, Algorithm, AlgorithmSpec, Exchange, Option, StepContext, StepOutput, check_options, get,
-                   names, register, resolve, segment_k, sgd_step)
+                   names, predict_columns, predict_default_columns, register, resolve, segment_k,
+                   sgd_step)
 
 #: The algorithm files, in registration order (the order of the CLI's lists). Adding an algorithm is one new
 #: file that defines and registers an :class:`Algorithm` subclass, plus its name here.
-MODULES = ("dense", "topk", "gtopk", "randk")
+MODULES = ("dense", "topk", "gtopk", "randk", "dgc", "gaussiank")
 for _m in MODULES:
     importlib.import_module(f"{__name__}.{_m}")
 
@@ -22,4 +23,4 @@ ALGORITHMS = names()
 COLLECTIVES = {name: algo.collectives for name, algo in REGISTRY.items()}
 
 __all__ = ["REGISTRY", "Algorithm", "AlgorithmSpec", "Exchange", "Option", "StepContext", "StepOutput", "get",
-           "names", "register", "resolve", "check_options", "segment_k", "sgd_step", "ALGORITHMS", "COLLECTIVES", "RANDK_STREAM"]
+           "names", "register", "resolve", "check_options", "predict_columns", "predict_default_columns", "segment_k", "sgd_step", "ALGORITHMS", "COLLECTIVES", "RANDK_STREAM"]

@@ -50,7 +50,7 @@ from ..errors import DIVERGENCE_LIMIT, ConfigError, NonFiniteError, SparsimError
 from ..ops import Compute
 
 __all__ = ["Algorithm", "Option", "Exchange", "StepContext", "REGISTRY", "register", "get", "names", "resolve",
-           "check_options",
+           "check_options", "predict_columns", "predict_default_columns",
            "AlgorithmSpec", "StepOutput", "sgd_step", "segment_k"]
 
 #: name -> :class:`Algorithm` instance, in registration order (dense, topk, gtopk, randk, then the successors).
@@ -112,6 +112,40 @@ def check_options(name: str, opts: dict) -> None:
             raise ConfigError(f"algorithm.{name}.{key} is unknown: valid keys are {valid}")
         else:
             algo.options[key].check(name, key, value)
+
+
+def predict_columns(hierarchical: bool) -> dict[str, tuple[str, str]]:
+    """``sparsim predict``'s columns: label -> (algorithm, collective), every registered algorithm's
+    :attr:`Algorithm.predict_columns` (or ``name`` at its default collective) in registration order, flat collectives
+    first; with ``hierarchical`` (a cluster preset) also each algorithm's ``hierarchical`` collective. All columns,
+    shown or not by default: :func:`predict_default_columns` gives the default subset."""
+    flat, hier = {}, {}
+    for name, algo in REGISTRY.items():
+        cols = algo.predict_columns or {name: algo.collectives[0]}
+        for label, coll in cols.items():
+            (hier if coll == "hierarchical" else flat)[label] = (name, coll)
+        if "hierarchical" in algo.collectives and "hierarchical" not in cols.values():
+            hier[f"{name}:hierarchical"] = (name, "hierarchical")
+        for coll in algo.collectives:
+            if coll not in cols.values() and coll not in ("hierarchical", "backend_allreduce"):
+                flat.setdefault(f"{name}:{coll}", (name, coll))
+    return {**flat, **hier} if hierarchical else flat
+
+
+def predict_default_columns(hierarchical: bool) -> list[str]:
+    """The columns ``sparsim predict`` shows without --collectives: each :attr:`Algorithm.predict_default`
+    algorithm's :attr:`Algorithm.predict_columns` (or its default collective), plus their hierarchical ones on a
+    cluster preset."""
+    out = []
+    for name, algo in REGISTRY.items():
+        if not algo.predict_default:
+            continue
+        cols = algo.predict_columns or {name: algo.collectives[0]}
+        out += [label for label, coll in cols.items() if coll != "hierarchical"]
+    if hierarchical:
+        out += [label for label, (name, coll) in predict_columns(True).items()
+                if coll == "hierarchical" and REGISTRY[name].predict_default]
+    return out
 
 
 def segment_k(k: int, d: int, d_b: int) -> int:
@@ -215,8 +249,15 @@ class Algorithm:
 
     #: other scenario names for this algorithm with preset AlgorithmSpec fields, e.g. gtopk_reference -> mask
     aliases: ClassVar[dict[str, dict]] = {}
+    #: the algorithm reads ``AlgorithmSpec.mask`` (gTop-k's residual mask rule)
+    uses_mask: ClassVar[bool] = False
     #: the algorithm draws random numbers from ``AlgorithmSpec.seed`` (the scenario's seed is passed)
     uses_seed: ClassVar[bool] = False
+    #: ``sparsim predict``'s column labels for this algorithm: label -> collective. Empty: one column
+    #: ``name`` at the default collective (a hierarchical collective's column is added on cluster presets).
+    predict_columns: ClassVar[dict[str, str]] = {}
+    #: shown by ``sparsim predict`` by default (rand-k costs what Top-k costs: False there)
+    predict_default: ClassVar[bool] = True
 
     # ------------------------------------------------------------------ naming and checks
     def scenario_settings(self, compression) -> dict:

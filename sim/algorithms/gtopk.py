@@ -25,10 +25,12 @@ class GTopK(Algorithm):
 
     name = "gtopk"
     collectives = ("tree", "recursive_doubling", "hierarchical")
+    predict_columns = {"gtopk_tree": "tree", "gtopk_rd": "recursive_doubling", "hier_gtopk": "hierarchical"}
     summary = "gTop-k S-SGD: global top-k by pairwise merges along a tree / recursive doubling"
     source = "Shi et al. ICDCS 2019, Algorithms 2-3; Shi et al. IJCAI 2019, Algorithm 1"
 
     aliases = {"gtopk_reference": {"mask": "reference"}}
+    uses_mask = True
 
     def scenario_settings(self, compression):
         return {"collective": compression.gtopk_collective, "mask": compression.gtopk_mask}

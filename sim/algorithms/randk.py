@@ -25,6 +25,7 @@ class RandK(AllgatherSparse):
     name = "randk"
     summary = "rand-k S-SGD with error feedback (Mem-SGD with rand-k): allgather of k random coordinates"
     uses_seed = True
+    predict_default = False  # its allgather costs what Top-k's does
     source = "Stich, Cordonnier and Jaggi, NeurIPS 2018 (Mem-SGD), Algorithm 1 with rand-k"
 
     def select(self, spec, acc, k, ctx):

@@ -100,6 +100,7 @@ class TopK(AllgatherSparse):
     allgathered and summed; eps_p = acc_p - TopK(acc_p)."""
 
     name = "topk"
+    predict_columns = {"allgather": "allgather", "hier_topk": "hierarchical"}
     summary = "Top-k S-SGD with error feedback: allgather of each worker's k largest entries"
     source = "Shi et al. IJCAI 2019, Algorithm 1 (TopK); Aji and Heafield 2017"
 
