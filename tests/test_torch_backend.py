@@ -543,3 +543,41 @@ def test_torchrun_entry_point_writes_the_same_run_directory(tmp_path):
     assert s["backend"]["stall_timeout_s"] == 0.0 and s["resolved"]["P"] == 2
     assert set(s["totals"]) == {"dense", "topk", "gtopk"}
     assert (out / "metrics.csv").stat().st_size > 0 and not (tmp_path / "tr.partial").exists()
+
+
+# ------------------------------------------------------------------ every registered algorithm (issue #11)
+
+def _registry_specs():
+    """Every registered algorithm at every flat collective (default options), whole-model and layer-wise."""
+    from sim.algorithms import REGISTRY
+
+    out = []
+    for name, algo in REGISTRY.items():
+        for coll in algo.collectives:
+            if coll in ("backend_allreduce", "hierarchical"):
+                continue
+            k = 5 if algo.sparse else None
+            out.append(AlgorithmSpec(name, k=k, collective=coll))
+            if algo.segmented:
+                out.append(AlgorithmSpec(name, k=k, collective=coll, segments=(7, 10, 7)))
+    return out
+
+
+def registry_job(ctx, P):
+    """Per-rank body: every registered algorithm's trajectory over torch.distributed."""
+    w, x0 = _objective_workers(ctx.P)
+    return [run_worker(ctx.rank, ctx.P, spec, w, T=4, lr=constant_lr, x0=x0, transport=ctx.transport,
+                       keep_trajectory=True).trajectory for spec in _registry_specs()]
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 4])
+def test_every_registered_algorithm_is_bit_identical_to_the_simulator(P):
+    got = launch_local(P, registry_job, (P,), timeout_s=TIMEOUT)
+    w, x0 = _objective_workers(P)
+    for i, spec in enumerate(_registry_specs()):
+        traj = []
+        run_algorithm(spec, w, T=4, lr=constant_lr, x0=x0, driver="lockstep",
+                      on_step=lambda t, outs: traj.append([o.v.copy() for o in outs]))
+        for r in range(P):
+            for t in range(4):
+                assert np.array_equal(got[r][i][t], traj[t][r]), f"{spec.label} P={P} rank {r} iteration {t + 1}"
