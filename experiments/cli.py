@@ -662,13 +662,16 @@ def experiment_delta(out, quick, force, jobs, scheduler, quiet):
 
 @experiment.command("compression")
 @_experiment_options("compression", "CI size: T = 60 instead of 1500")
+@click.option("--algorithms", default="gtopk", show_default=True,
+              help="comma-separated sparse algorithms compared with dense (`sparsim algorithms`; the paper: gtopk)")
 @_user_errors
-def experiment_compression(out, quick, force, jobs, scheduler, quiet):
+def experiment_compression(out, quick, force, jobs, scheduler, quiet, algorithms):
     """gTop-k paper Figure 2: loss and ||grad f||^2 for dense and c = 1000..20000, with Corollary 2 (both variants)."""
     from .compression import run_compression
 
+    algs = tuple(a.strip() for a in algorithms.split(",") if a.strip())
     path, _rows, report = run_compression(out, quick=quick, force=force, jobs=jobs, scheduler=scheduler,
-                                          progress=not quiet)
+                                          progress=not quiet, algorithms=algs)
     click.echo(f"wrote {path}/ (compression.csv, bounds.csv, results.md, compression.png, compression.pdf, runs/)")
     click.echo(report)
 

@@ -89,8 +89,9 @@ def _objective(o: CompressionObjective):
     return make_objective(o.objective, **dict(o.params))
 
 
-def _one_run(o: CompressionObjective, k: int | None, T: int, run_dir: str) -> list[dict]:
-    """Run (or reuse) dense (k None) or gTop-k with k on objective ``o``; return its metrics rows."""
+def _one_run(o: CompressionObjective, k: int | None, T: int, run_dir: str, algorithm: str = "gtopk") -> list[dict]:
+    """Run (or reuse) dense (k None) or the sparse ``algorithm`` (a registered name, default gTop-k as in the
+    paper) with k on objective ``o``; return its metrics rows."""
     from sim.algorithms import AlgorithmSpec
     from sim.data import shard_indices
     from sim.runner import Workers, run_algorithm
@@ -99,7 +100,7 @@ def _one_run(o: CompressionObjective, k: int | None, T: int, run_dir: str) -> li
         obj = _objective(o)
         w = Workers(obj, shard_indices(obj.n, P_WORKERS, seed=SEED), BATCH, SEED)
         alpha = THETA * math.sqrt(P_WORKERS * BATCH / T)
-        spec = AlgorithmSpec("dense") if k is None else AlgorithmSpec("gtopk", k=k)
+        spec = AlgorithmSpec("dense") if k is None else AlgorithmSpec(algorithm, k=k)
         return run_algorithm(spec, w, T=T, lr=lambda t: alpha, x0=obj.x0(SEED), driver="lockstep", eval_every=1)
 
     return cached_run(Path(run_dir), compute)
@@ -135,18 +136,20 @@ def corollary2_bounds(d: int, k: int | None, L: float, M: float, B: int, F: floa
     return eta, BOUNDS["corollary2_published"].evaluate(**kw), BOUNDS["corollary2_corrected"].evaluate(**kw)
 
 
-def _label(o: CompressionObjective, k: int | None) -> str:
-    return "dense" if k is None else f"gtopk c={o.d / k:g} (k={k})"
+def _label(o: CompressionObjective, k: int | None, algorithm: str = "gtopk") -> str:
+    return "dense" if k is None else f"{algorithm} c={o.d / k:g} (k={k})"
 
 
-def _figure(objs, curves: list[dict], bounds: list[dict], outdir: Path, T: int) -> None:
+def _figure(objs, curves: list[dict], bounds: list[dict], outdir: Path, T: int,
+            algorithms: tuple[str, ...] = ("gtopk",)) -> None:
     from .plots import plt
 
     fig, axes = plt.subplots(2, len(objs), figsize=(6.6 * len(objs), 8.4), squeeze=False)
     for j, o in enumerate(objs):
         axl, axg = axes[0][j], axes[1][j]
-        for i, k in enumerate((None, *o.ks)):
-            lab = _label(o, k)
+        cases = [(None, None)] + [(a, k) for a in algorithms for k in o.ks]
+        for i, (alg, k) in enumerate(cases):
+            lab = _label(o, k, alg)
             rr = [r for r in curves if r["objective"] == o.name and r["algorithm"] == lab]
             it = [r["iteration"] for r in rr]
             axl.plot(it, [r["loss"] for r in rr], color=f"C{i}", lw=1.0, label=lab)
@@ -165,7 +168,7 @@ def _figure(objs, curves: list[dict], bounds: list[dict], outdir: Path, T: int) 
         for ax in (axl, axg):
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=7)
-    fig.suptitle(f"gTop-k at several compression ratios (gTop-k paper, Figure 2); constant step "
+    fig.suptitle(f"{', '.join(algorithms)} at several compression ratios (gTop-k paper, Figure 2); constant step "
                  f"theta sqrt(B/T), theta = {THETA}", fontsize=10)
     fig.tight_layout()
     save_figure(fig, outdir, "compression")
@@ -183,25 +186,42 @@ def markdown(bounds: list[dict]) -> str:
 
 
 def run_compression(out, *, quick: bool = False, force: bool = False, jobs: int | None = None,
-        scheduler: str | None = None,
-                    progress: bool = True) -> tuple[Path, list[dict], str]:
+                    scheduler: str | None = None, progress: bool = True,
+                    algorithms: tuple[str, ...] = ("gtopk",)) -> tuple[Path, list[dict], str]:
     """Run the compression experiment into ``out`` (via ``out.partial``); return (path, bound rows, Markdown).
 
-    Raises ConfigError if ``out`` exists and is not empty (unless ``force``) or ``jobs`` < 1, SparsimError
-    if an objective lacks a constant of the bound. Finished runs in ``out.partial/runs`` are reused.
+    algorithms: the sparse algorithms compared with dense at every ratio (registered names, ``sparsim
+    algorithms``; default gTop-k, the paper's). Corollary 2's bound is drawn for each: it holds for any compressor
+    that satisfies Assumption 1 (docs/theory.md), which ``sparsim check`` measures per run.
+    Raises ConfigError if ``out`` exists and is not empty (unless ``force``), ``jobs`` < 1, or an algorithm is
+    unknown or not sparse; SparsimError if an objective lacks a constant of the bound. Finished runs in
+    ``out.partial/runs`` are reused.
     """
+    from sim.algorithms import get
+
+    from sim.errors import ConfigError
+
+    algorithms = tuple(algorithms)
+    if not algorithms:
+        raise ConfigError("algorithms = () names none: valid one or more sparse algorithms of `sparsim algorithms`")
+    for a in algorithms:
+        if not get(a).sparse:
+            raise ConfigError(f"algorithm = {a!r} is not sparse (it has no compression ratio): valid sparse "
+                              "algorithms of `sparsim algorithms`")
     out = Path(out)
     check_out(out, force)
     jobs = resolve_jobs(jobs, scheduler)  # checked (and the scheduler reached) before any output
     objs, T = plan(quick)
     tmp = partial_dir(out, fresh=False)
-    args = [(o, k, T, str(tmp / "runs" / f"{o.name}_{'dense' if k is None else f'k{k}'}"))
-            for o in objs for k in (None, *o.ks)]
+    # the paper's gTop-k runs keep their directory names (runs/NAME_kK), so earlier partial runs are reused
+    args = [(o, None, T, str(tmp / "runs" / f"{o.name}_dense"), "dense") for o in objs]
+    args += [(o, k, T, str(tmp / "runs" / f"{o.name}_{'' if a == 'gtopk' else a + '_'}k{k}"), a)  # algorithms: paper's
+             for o in objs for a in algorithms for k in o.ks]
     results = map_jobs(_one_run, args, jobs=jobs, scheduler=scheduler, desc="compression", progress=progress)
     curves, bounds = [], []
     B = P_WORKERS * BATCH
-    for (o, k, _T, _d), rows in zip(args, results):
-        lab = _label(o, k)
+    for (o, k, _T, _d, alg), rows in zip(args, results):
+        lab = _label(o, k, alg)
         kk = o.d if k is None else k
         c = o.d / kk
         gn = [float(r["grad_norm_sq"]) for r in rows]
@@ -222,7 +242,7 @@ def run_compression(out, *, quick: bool = False, force: bool = False, jobs: int 
                        "published_holds": bp >= emp, "corrected_holds": bc >= emp, "note": o.note})
     write_csv(tmp / "compression.csv", CURVE_COLUMNS, curves)
     write_csv(tmp / "bounds.csv", BOUND_COLUMNS, bounds)
-    _figure(objs, curves, bounds, tmp, T)
+    _figure(objs, curves, bounds, tmp, T, algorithms)
     report = markdown(bounds)
     (tmp / "results.md").write_text(report + "\n")
     publish(tmp, out)

@@ -46,17 +46,30 @@ def test_delta_quick(tmp_path):
 
 
 def test_compression_quick(tmp_path):
-    out, output = _run(tmp_path, "compression")
+    out, output = _run(tmp_path, "compression", "--algorithms", "gtopk,topk")
     bounds, curves = _csv(out / "bounds.csv"), _csv(out / "compression.csv")
-    assert len(bounds) == 10
+    assert len(bounds) == 2 * (1 + 2 * 4)  # dense + 4 ratios x 2 algorithms, per objective
+    assert {b["algorithm"].split(" ")[0] for b in bounds} == {"dense", "gtopk", "topk"}
+    # at the same ratio Top-k (every worker's k entries) and gTop-k (k in all) apply different updates
+    last = {r["algorithm"]: float(r["loss"]) for r in curves if r["objective"] == "softmax_digits"}
+    assert last["topk c=32 (k=20)"] != last["gtopk c=32 (k=20)"]
     for b in bounds:
         assert float(b["bound_corrected"]) >= float(b["bound_published"]) > 0
     for obj in ("robust_regression", "softmax_digits"):
         dense = [float(r["loss"]) for r in curves if r["objective"] == obj and r["algorithm"] == "dense"]
         assert len(dense) == 61 and dense[-1] < dense[0]
-    ks = sorted(int(b["k"]) for b in bounds if b["objective"] == "robust_regression" and b["algorithm"] != "dense")
+    ks = sorted(int(b["k"]) for b in bounds if b["objective"] == "robust_regression" and b["algorithm"] != "dense"
+                and b["algorithm"].startswith("gtopk"))
     assert ks == [1, 2, 5, 20]  # c = 20000, 10000, 4000, 1000 at d = 20000
     assert "scaled by d/20000" in output
+
+
+def test_compression_refuses_a_dense_or_unknown_algorithm(tmp_path):
+    for algs, needle in (("dense", "is not sparse"), ("nope", "is unknown")):
+        r = CliRunner().invoke(main, ["experiment", "compression", "--quick", "--quiet", "--out",
+                                      str(tmp_path / "c"), "--algorithms", algs])
+        assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
+        assert not (tmp_path / "c").exists() and not (tmp_path / "c.partial").exists()
 
 
 def test_memsgd_quick(tmp_path):
