@@ -640,7 +640,7 @@ def experiment_scaling(out, quick, force, jobs, scheduler, quiet):
 
     path, report = run_scaling(out, quick=quick, force=force, jobs=jobs, scheduler=scheduler, progress=not quiet)
     click.echo(f"wrote {path}/ (scaling.csv, ratios.csv, crossover.csv, breakdown.csv, cluster.csv, hierarchy.csv, overlap.csv, "
-               "report.md, scaling.png/.pdf, hierarchy.png/.pdf, cases/)")
+               "successors.csv, report.md, scaling.png/.pdf, hierarchy.png/.pdf, cases/)")
     click.echo(report)
 
 

@@ -195,6 +195,7 @@ class ScalingPlan:
     cluster: str = CLUSTER
     cluster_variants: tuple[str, ...] = CLUSTER_VARIANTS
     overlap_Ps: tuple[int, ...] = PUBLISHED_P
+    successor_Ps: tuple[int, ...] = PUBLISHED_P
 
 
 def plan(quick: bool = False) -> ScalingPlan:
@@ -221,11 +222,24 @@ def variant_spec(variant: str, k: int, gpus_per_node: int = 1) -> AlgorithmSpec:
     try:
         alg, coll, mask, vb, ib = {**VARIANTS, **HIER_VARIANTS}[variant]
     except KeyError:
-        raise SparsimError(f"variant = {variant!r} is unknown: valid {', '.join([*VARIANTS, *HIER_VARIANTS])}") from None
+        if variant not in successor_variants():
+            raise SparsimError(f"variant = {variant!r} is unknown: valid "
+                               f"{', '.join([*VARIANTS, *HIER_VARIANTS, *successor_variants()])}") from None
+        algo = get(variant)  # a successor: its default collective and options, fp32 values and int32 indices
+        alg, coll, mask, vb, ib = variant, algo.collectives[0], "exact", 4, 4
     G = gpus_per_node if coll == "hierarchical" else 1
     if not get(alg).sparse:
         return AlgorithmSpec(alg, collective=coll, value_bytes=vb, gpus_per_node=G)
     return AlgorithmSpec(alg, k=k, collective=coll, mask=mask, value_bytes=vb, index_bytes=ib, gpus_per_node=G)
+
+
+def successor_variants() -> tuple[str, ...]:
+    """The registered algorithms the paper did not have (every one not used by :data:`VARIANTS`), simulated as
+    variants of their own name at their default collective and options on the paper's testbed (successors.csv)."""
+    from sim.algorithms import REGISTRY
+
+    used = {v[0] for v in VARIANTS.values()}
+    return tuple(n for n in REGISTRY if n not in used)
 
 
 def _alpha_beta():
@@ -661,6 +675,28 @@ def hierarchy_summary(hrows: list[dict]) -> list[dict]:
                                    for m_ in dict.fromkeys(r["model"] for r in pub)}
         out.append(row)
     return out
+
+
+def successors_markdown(sp: ScalingPlan, srows: list[dict]) -> str:
+    """The successors table: scaling efficiency (%) of gTop-k and every later registered algorithm on the paper's
+    testbed (1 GbE, the models' measured compute, density 0.001), at :attr:`ScalingPlan.successor_Ps`."""
+    Ps = sp.successor_Ps
+    lines = ["### The algorithms after gTop-k on the paper's testbed (successors.csv)", "",
+             "Timing-only simulation on 1 GbE with the same compute model and k as the paper's variants; each "
+             "algorithm at its default collective and options (data-dependent message sizes take the algorithm's "
+             "timing-mode assumption: see `sparsim algorithms` and docs/algorithms/). Scaling efficiency in %:", "",
+             "| model | algorithm | collective | " + " | ".join(f"P = {P}" for P in Ps) + " |",
+             "|---|---|---|" + "---|" * len(Ps)]
+    seen = []
+    for r in srows:
+        key = (r["model"], r["variant"])
+        if key in seen:
+            continue
+        seen.append(key)
+        eff = {x["P"]: x["efficiency_pct"] for x in srows if (x["model"], x["variant"]) == key}
+        lines.append(f"| {r['model']} | {r['variant']} | {r['collective']} | "
+                     + " | ".join(f"{eff[P]:.1f}" for P in Ps) + " |")
+    return "\n".join(lines)
 
 
 def _fmt_pct(x):
@@ -1181,6 +1217,9 @@ def run_scaling(out, *, quick: bool = False, force: bool = False, jobs: int | No
               str(cdir / f"overlap_{mname}_{net}_{alg}_{pol}_P{P}_it{sp.iterations}"
                          f"{'_' + sp.cluster if net == 'cluster' else ''}.json"))
              for mname in sp.models for P in sp.overlap_Ps for net in onets for alg, pol in OVERLAP_CASES]
+    succ = successor_variants()
+    work += [("case", (mname, v, P, sp.iterations), str(cdir / f"{mname}_{v}_P{P}_it{sp.iterations}.json"))
+             for mname in sp.models for v in succ for P in sp.successor_Ps]
     dens = tuple(sp.crossover_densities)
     work += [("crossover", (mname, dens, sp.sim_p_max),
               str(cdir / f"crossover_{mname}_{'_'.join(map(str, dens))}_max{sp.sim_p_max}.json"))
@@ -1213,8 +1252,10 @@ def run_scaling(out, *, quick: bool = False, force: bool = False, jobs: int | No
         _hierarchy_figure(sp, hier, tmp)
     if orows:
         write_csv(tmp / "overlap.csv", OVERLAP_COLUMNS, orows)
+    srows = [cases[(mname, v, P)] for mname in sp.models for v in ("gtopk", *succ) for P in sp.successor_Ps]
+    write_csv(tmp / "successors.csv", SCALING_COLUMNS, srows)
     _figure(sp, cases, tmp)
-    report = markdown_report(sp, cases, ratios, crossovers, bd, hier, orows)
+    report = markdown_report(sp, cases, ratios, crossovers, bd, hier, orows) + "\n\n" + successors_markdown(sp, srows)
     (tmp / "report.md").write_text(report + "\n")
     publish(tmp, out)
     return out, report

@@ -131,3 +131,30 @@ def hier_gtopk_time(N: int, G: int, k: int, alpha_i: float, beta_i: float, alpha
     L = ceil_lg(G)
     return (L * (alpha_i + ks * beta_i) + gtopk_rd_time(N, k, alpha_e, beta_e, value_bytes, index_bytes, exact)
             + L * (alpha_i + (ks + b) * beta_i))
+
+
+# ----------------------------------------------------------------------------- successors (issue #11)
+
+
+def binomial_bcast_time(P: int, m: int, alpha: float, beta: float) -> float:
+    """Binomial-tree broadcast of m bytes from any root (:func:`sim.collectives.binomial_bcast_schedule` on ranks
+    relative to the root): ceil(lg P) (alpha + m beta); the root sends in every round, so the last round ends
+    after ceil(lg P) message times. 0 for P = 1."""
+    return ceil_lg(P) * (alpha + m * beta)
+
+
+def cltk_time(P: int, k: int, alpha: float, beta: float, value_bytes: int = 4, index_bytes: int = 4,
+              allreduce: str = "ring") -> float:
+    """ScaleCom's CLT-k exchange (:mod:`sim.algorithms.cltk`): the leader's binomial broadcast of k indices, then a
+    dense allreduce of the k values at them: ceil(lg P) (alpha + k index_bytes beta) plus
+    :func:`ring_allreduce_time` (P, k) (``allreduce="ring"``) or :func:`rd_allreduce_time` (P, k value_bytes)
+    (``"recursive_doubling"``). Raises KeyError for another allreduce."""
+    bcast = binomial_bcast_time(P, k * index_bytes, alpha, beta)
+    if allreduce == "ring":
+        return bcast + ring_allreduce_time(P, k, alpha, beta, value_bytes)
+    if allreduce == "recursive_doubling":
+        return bcast + rd_allreduce_time(P, k * value_bytes, alpha, beta)
+    raise KeyError(allreduce)
+
+
+__all__ += ["binomial_bcast_time", "cltk_time"]

@@ -146,7 +146,7 @@ def test_variant_spec_errors_one_line():
     from experiments.scaling import variant_spec
     from sim.errors import SparsimError
 
-    with pytest.raises(SparsimError, match=r"^variant = 'ring' is unknown: valid dense, .*gtopk_hier$"):
+    with pytest.raises(SparsimError, match=r"^variant = 'ring' is unknown: valid dense, .*gtopk_hier, randk"):
         variant_spec("ring", 10)
     assert variant_spec("gtopk_hier", 10, 4).gpus_per_node == 4 and variant_spec("gtopk", 10, 4).gpus_per_node == 1
 
@@ -321,3 +321,26 @@ def test_quick_overlap_outputs(tmp_path):
     # ResNet-50 dense at P = 4: flat 30.4% -> 37.9% with DDP; one node 79.8% -> 97.6% (73.8% published)
     assert "| ResNet-50 | 4 | 73.8 | 30.4 (-59%) | 37.9 (-49%) | 79.8 (+8%) | 97.6 (+32%) | 75.3 | 80.5 (+7%) | 81.4 (+8%) |" in report
     assert "What overlap changes:" in report and (out / "report.md").read_text().count("Layer-wise overlap") == 1
+
+
+def test_quick_successors_cover_every_later_algorithm(tmp_path):
+    """successors.csv: gTop-k and every registered algorithm the paper's variants do not use, at P = 4..32 for
+    ResNet-50, each row's communication at least its algorithm's closed form (timing-only, contention-free 1 GbE;
+    equal for gTop-k)."""
+    from experiments.scaling import PUBLISHED_P, run_scaling, successor_variants
+    from sim.algorithms import REGISTRY
+
+    out, report = run_scaling(tmp_path / "s", quick=True, jobs=1, progress=False)
+    rows = _csv(out / "successors.csv")
+    names = {r["variant"] for r in rows}
+    assert names == {"gtopk", *successor_variants()}
+    assert set(successor_variants()) == set(REGISTRY) - {"dense", "topk", "gtopk"}
+    for r in rows:
+        assert int(r["P"]) in PUBLISHED_P
+        # rank 0's blocked time is the closed form, plus any wait for a peer's extra compute (CLT-k's leader
+        # selects on one rank per iteration)
+        assert float(r["comm_rel_diff"]) > -1e-9, r
+        if r["variant"] == "gtopk":
+            assert abs(float(r["comm_rel_diff"])) < 1e-9, r
+        assert 0 < float(r["efficiency_pct"]) <= 100
+    assert "The algorithms after gTop-k" in report
