@@ -158,3 +158,40 @@ def cltk_time(P: int, k: int, alpha: float, beta: float, value_bytes: int = 4, i
 
 
 __all__ += ["binomial_bcast_time", "cltk_time"]
+
+
+def oktopk_time(P: int, k: int, alpha: float, beta: float, value_bytes: int = 4, index_bytes: int = 4,
+                count_bytes: int = 4) -> float:
+    """Ok-Topk's sparse allreduce (:mod:`sim.algorithms.oktopk`) in a steady-state iteration under the timing-only
+    assumption (balanced regions: every rank selects kr = ceil(k/P) entries in every region and the global
+    selection holds kr entries in every region, so the balance step sends nothing):
+
+    (P-1)(alpha + kr s beta)                     split and reduce, P-1 rotation rounds (Li and Hoefler 2022, Eq. 1)
+    + ceil(lg P) alpha + (P-1) count_bytes beta  allgather of the candidate counts (Bruck)
+    + ceil(lg P) alpha + (P-1) kr s beta         allgatherv of the balanced blocks (Bruck)
+
+    with s = value_bytes + index_bytes; 0 for P = 1. For P a power of two dividing k, with 8-byte entries (the
+    paper's two 4-byte words) and ignoring the counts' bytes, this is (P - 1 + 2 lg P) alpha + 4k(P-1)/P words
+    beta, below the paper's bound :func:`oktopk_bound_time` by (P + 1) alpha + 2k(P-1)/P words beta: the bound's
+    worst-case balance step (P alpha + 2k(P-1)/P words) and one alpha of its split-and-reduce."""
+    if P == 1:
+        return 0.0
+    m = -(-int(k) // P) * (value_bytes + index_bytes)
+    L = ceil_lg(P)
+    return (P - 1) * (alpha + m * beta) + (L * alpha + (P - 1) * count_bytes * beta) + (L * alpha + (P - 1) * m * beta)
+
+
+def oktopk_bound_time(P: int, k: int, alpha: float, beta: float, value_bytes: int = 4, index_bytes: int = 4) -> float:
+    """The paper's upper bound on Ok-Topk's sparse allreduce (Li and Hoefler, PPoPP 2022, Eq. 3):
+    (2P + 2 lg P) alpha + 6k(P-1)/P beta with beta per 4-byte word and an entry of two words, i.e.
+    (2P + 2 log2 P) alpha + 3k(P-1)/P s beta with s = value_bytes + index_bytes bytes per entry (log2 P real, the
+    paper assumes P a power of two). Eq. 1 (split and reduce, (P-1) alpha + 2k(P-1)/P words) plus Eq. 2 (balance
+    and allgatherv, <= (P + 2 lg P) alpha + 4k(P-1)/P words). 0 for P = 1."""
+    import math
+
+    if P == 1:
+        return 0.0
+    return (2 * P + 2 * math.log2(P)) * alpha + 3 * k * (P - 1) / P * (value_bytes + index_bytes) * beta
+
+
+__all__ += ["oktopk_time", "oktopk_bound_time"]
