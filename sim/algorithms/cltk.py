@@ -41,10 +41,10 @@ def leader(iteration: int, P: int) -> int:
 
 
 def bcast_from(rank: int, P: int, root: int, item, nbytes_of):
-    """Binomial-tree broadcast of ``item`` (``nbytes_of(item)`` bytes on the wire) from ``root`` to every rank, the tree of
-    :func:`sim.collectives.binomial_bcast_schedule` on ranks relative to the root ((rank - root) mod P):
-    ceil(lg P) rounds, the root sending in each. ``item`` is read on the root only. A sans-I/O program returning
-    the item on every rank; cost :func:`sim.costs.binomial_bcast_time`."""
+    """Binomial-tree broadcast of ``item`` (``nbytes_of(item)`` bytes on the wire) from ``root`` to every rank,
+    the tree of :func:`sim.collectives.binomial_bcast_schedule` on ranks relative to the root ((rank - root) mod
+    P): ceil(lg P) rounds, the root sending in each. ``item`` is read on the root only. A sans-I/O program
+    returning the item on every rank; cost :func:`sim.costs.binomial_bcast_time`."""
     pos = (rank - root) % P
     for _, dst, src in C.binomial_bcast_schedule(pos, P):
         if src >= 0:
