@@ -647,6 +647,19 @@ def experiment_scaling(out, quick, force, jobs, scheduler, quiet):
 
 
 
+@experiment.command("crossover")
+@click.option("--out", "out", default="runs/crossover", show_default=True, help="output directory to write")
+@click.option("--force", is_flag=True, help="overwrite a non-empty output directory")
+@_user_errors
+def experiment_crossover(out, force):
+    """gTop-k's tree vs Ok-Topk's O(P)-latency allreduce: the boundary in (P, alpha, k) from the registry's closed forms."""
+    from .crossover import run_crossover
+
+    path, report = run_crossover(out, force=force)
+    click.echo(f"wrote {path}/ (crossover.csv, boundary.csv, check.csv, report.md, crossover.png/.pdf)")
+    click.echo(report)
+
+
 @experiment.command("delta")
 @_experiment_options("delta", "CI size: T = 150 instead of 2000")
 @_user_errors
