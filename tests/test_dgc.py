@@ -289,7 +289,7 @@ def test_densities_as_a_scenario_string_and_a_bad_schedule_exits_2(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-# ------------------------------------------------------------------ torch backend (momentum, warm-up, clipping, sampling)
+# ------------------------------------------------------------------ torch backend (momentum, warm-up, clip, sampling)
 
 def _torch_specs():
     return [AlgorithmSpec("dgc", k=8, momentum=0.9, options=(("warmup_iters", 1), ("clip_norm", 5.0))),

@@ -9,13 +9,15 @@ github.com/synxlin/deep-gradient-compression):
    its ``clip_grad_norm_`` formula; the paper scales the global threshold by N^{-1/2} for N = P workers; the
    official code ships the formula but no config wires it, so the N^{-1/2} factor is the paper's);
 2. momentum correction (eq. 5): u = m u + alpha_t G, v = v + u (Nesterov, option ``nesterov``:
-   u = m (u + alpha_t G), v = v + u + alpha_t G), m = ``AlgorithmSpec.momentum`` (0: plain error-feedback
-   Top-k, bit for bit); weight decay is already in G (the project's placement, applied locally before error
-   feedback; the official code applies it after the exchange with its own momentum buffer in ``DGCSGD``);
+   u = m (u + alpha_t G), v = v + u + alpha_t G), m = ``AlgorithmSpec.momentum`` (0 with exact selection:
+   error-feedback Top-k, bit for bit); weight decay is already in G (the project's placement, applied locally
+   before error feedback; the official code applies it after the exchange with its own momentum buffer in
+   ``DGCSGD``);
 3. selection from v (not from G): option ``selection`` = ``"sampled"`` (the official code's threshold: sample
-   |v| at a random stride, take the k-th sampled magnitude as the threshold, keep the entries at or above it,
-   and adapt: re-select the top k of the candidates (``resample``) or raise / lower the threshold when the
-   count leaves [0.8 k, 1.3 k]; :func:`sampled_select`) or ``"exact"`` (the project's :func:`~sim.compression.topk`);
+   |v| at a random stride, take its ceil(ratio * samples)-th largest magnitude as the threshold, keep the
+   entries at or above it, and adapt: re-select the top k of the candidates (``resample``) or raise / lower
+   the threshold when the count leaves [0.8 k, 1.3 k]; :func:`sampled_select`) or ``"exact"`` (the project's
+   :func:`~sim.compression.topk`);
 4. the allgather of every worker's selection and its sum in rank order (Top-k's collectives, ``allgather`` and
    ``hierarchical``); v keeps what was not sent (the residual eps_p of the project's mass accounting is v);
 5. momentum factor masking (section 3.2, option ``momentum_masking``): u and v zeroed at the sent coordinates
@@ -23,13 +25,14 @@ github.com/synxlin/deep-gradient-compression):
 
 Units: the step size alpha_t is folded into u and v (both in parameter units, as the project's error feedback
 accumulates alpha_t G); the paper and the official code keep them in gradient units and multiply the whole
-sparse sum by the current step size. With a constant step (or lr = 1, the peer comparison) the two are the same
-to the bit for a power-of-two step and to rounding otherwise; with a changing step they differ (each gradient
-keeps the step of its own iteration here).
+sparse sum by the current step size. With a constant step the two agree, to the bit for a power-of-two step
+(lr = 1 and 0.5 in the peer comparison) and to rounding otherwise; with a changing step they differ (each
+gradient keeps the step of its own iteration here).
 
 Warm-up (section 3.3, "warm-up training"): with ``warmup_iters`` = E > 0 and ``warmup_densities``
-(r_0 > r_1 > ... > r_{S-1}, each in (0, 1); default the paper's 75%, 93.75%, 98.4375%, 99.6% sparsity, i.e.
-densities 0.25, 0.0625, 0.015625, 0.004, its 99.9% being the final k / d), iteration t (1-based) is in stage
+(r_0 > r_1 > ... > r_{S-1}, each in (0, 1), a sequence or in a scenario a comma-separated string; default the
+paper's 75%, 93.75%, 98.4375%, 99.6% sparsity, i.e. densities 0.25, 0.0625, 0.015625, 0.004, its 99.9% being
+the final k / d; one that is not strictly decreasing is a one-line ConfigError), iteration t (1-based) is in stage
 s = (t - 1) // E; for s < S a segment of d_b entries selects k_b(t) = min(d_b, max(k_b, ceil(r_s d_b))) (the
 official ``num_selects = ceil(numel * compress_ratio)``; never fewer than the final k_b), and from iteration
 S E + 1 on k_b. An epoch of the paper is E iterations here: set E to the scenario's iterations per epoch. The
@@ -40,11 +43,18 @@ Selected counts: exact selection sends at most k_b(t) entries (exact zeros never
 data-dependent count <= k_b(t) (the official truncation ``indices[:num_selects]``, then exact zeros dropped),
 reported per step in ``n_selected``; the messages then carry what was selected. The timing-only mode, the fast
 engine and the closed form (Top-k's allgather, :func:`sim.costs.topk_allgather_time`) assume k entries per
-worker and no warm-up: an upper bound of the sampled selection's traffic after warm-up.
+worker and no warm-up: after the warm-up an upper bound of the sampled selection's traffic, during it a lower
+bound (the warm-up sends more).
 
-Compute: one ``select`` operation over d_b entries per filtering pass (the sampled rule's threshold passes:
-1 + the re-filters of its adaptation loop; exact: 1); no compute kind exists for the O(d) momentum update,
-which is folded into the ``update`` / ``forward_backward`` costs like error feedback's addition.
+Compute: one ``select`` operation over d_b entries per segment, as Top-k's and Gaussian-k's (sim/ops.py has
+no linear-scan kind; the sampled rule's extra filtering passes, :func:`sampled_select`'s ``passes``, are not
+charged separately); the O(d) momentum update has no kind of its own either, as error feedback's addition.
+
+Other deviations from the official code (docs/algorithms/dgc.md): it compresses only tensors of dimension > 1
+(train.py; biases and norms go through a dense allreduce with plain momentum), here every segment is
+compressed; its ``sample_ratio = 1`` path keeps the first k indices at or above the k-th largest |v|, which with
+a tie at that magnitude can drop a larger entry (exact selection here is top-k, ties to the lower index); a
+warm-up density of 1 (its uncompressed path) is not modelled (densities must be < 1).
 
 Random draws: worker p at iteration t draws its sample offsets (strided) or indices (uniform) from
 ``np.random.default_rng([seed, p, t, DGC_STREAM])``, segments in order; a segment small enough to be sampled
@@ -59,8 +69,7 @@ import numpy as np
 
 from ..compression import Sparse, topk, topk_select_indices
 from ..errors import ConfigError
-from ..ops import Compute
-from .base import Exchange, Option, register
+from .base import Option, register
 from .topk import AllgatherSparse
 
 __all__ = ["DGC", "DGC_STREAM", "PAPER_WARMUP_DENSITIES", "sample_layout", "sampled_select", "warmup_k",
@@ -316,37 +325,27 @@ class DGC(AllgatherSparse):
         return acc
 
     def select(self, spec, acc, k, ctx) -> Sparse:
-        """This worker's selection of the segment ``acc`` (v) at the iteration's warm-up count; the filtering
-        passes it took are added to ``ctx.scratch["dgc_passes"]``."""
+        """This worker's selection of the segment ``acc`` (v, float array (d_b,)) at the iteration's warm-up
+        count: at most k_b(t) entries, indices ascending, exact zeros never."""
         d_b = acc.shape[0]
         k_t, ratio = warmup_k(k, d_b, ctx.iteration, spec.opt("warmup_iters"), spec.opt("warmup_densities"))
         if spec.opt("selection") == "exact":
-            ctx.scratch["dgc_passes"] = 1
-            return topk(acc, k_t)
+            sel = topk(acc, k_t)
+        else:
+            sel = self._sampled(spec, acc, k_t, ratio, ctx)
+        # the exchange (AllgatherSparse's) sends exactly sel and zeroes v there; u is masked in after_step
+        ctx.scratch.setdefault("dgc_sent", []).append(sel.idx + ctx.lo)
+        return sel
+
+    def _sampled(self, spec, acc, k_t, ratio, ctx) -> Sparse:
         rng = ctx.scratch.get("dgc_rng")
         if rng is None:
             rng = ctx.scratch["dgc_rng"] = np.random.default_rng([spec.seed, ctx.rank, ctx.iteration, DGC_STREAM])
-        idx, passes = sampled_select(
+        idx, _ = sampled_select(
             acc, k_t, ratio, sample_ratio=spec.opt("sample_ratio"), strided=spec.opt("sampling") == "strided",
             rng=rng, upper=spec.opt("compress_upper_bound"), lower=spec.opt("compress_lower_bound"),
             max_iters=spec.opt("max_adaptation_iters"), resample=spec.opt("resample") == "on")
-        ctx.scratch["dgc_passes"] = passes
-        return Sparse(idx, acc[idx], d_b)
-
-    def exchange(self, spec, acc, k, ctx):
-        from .. import collectives as C
-
-        sel = self.select(spec, acc, k, ctx)
-        yield Compute("select", acc.shape[0] * ctx.scratch.pop("dgc_passes"))
-        vb, ib = spec.value_bytes, spec.index_bytes
-        if spec.collective == "hierarchical":
-            g = yield from C.hier_topk_allgather_sum(ctx.rank, ctx.P, spec.gpus_per_node, sel, vb, ib)
-        else:
-            g = yield from C.topk_allgather_sum(ctx.rank, ctx.P, sel, vb, ib)
-        res = acc.copy()
-        res[sel.idx] = 0.0  # v zeroed at the sent coordinates
-        ctx.scratch.setdefault("dgc_sent", []).append(sel.idx + ctx.lo)
-        return Exchange(g, res, len(sel), len(sel))
+        return Sparse(idx, acc[idx], acc.shape[0])
 
     def after_step(self, spec, acc, residual, ctx):
         """Momentum factor masking: u zeroed at every coordinate sent this step (unless momentum_masking = off)."""
