@@ -195,3 +195,26 @@ def oktopk_bound_time(P: int, k: int, alpha: float, beta: float, value_bytes: in
 
 
 __all__ += ["oktopk_time", "oktopk_bound_time"]
+
+
+def powersgd_time(P: int, d: int, rows: int, cols: int, r: int, alpha: float, beta: float, value_bytes: int = 4,
+                  allreduce: str = "ring") -> float:
+    """PowerSGD's exchange of one segment of d values viewed as a rows x cols matrix at rank r
+    (:mod:`sim.algorithms.powersgd`; Vogels et al. NeurIPS 2019, Algorithm 1): an allreduce of the rows r values
+    of P, then one of the cols r values of Q. ``allreduce="ring"``:
+    2(P-1)(alpha + ceil(rows r / P) value_bytes beta) + 2(P-1)(alpha + ceil(cols r / P) value_bytes beta)
+    (:func:`ring_allreduce_time` twice); ``"recursive_doubling"``: :func:`rd_allreduce_time` of rows r and of
+    cols r values. r = 0 (a segment not worth compressing): one allreduce of the d values. 0 for P = 1.
+    Raises KeyError for another allreduce."""
+    if allreduce == "ring":
+        one = lambda n: ring_allreduce_time(P, n, alpha, beta, value_bytes)  # noqa: E731
+    elif allreduce == "recursive_doubling":
+        one = lambda n: rd_allreduce_time(P, n * value_bytes, alpha, beta)  # noqa: E731
+    else:
+        raise KeyError(allreduce)
+    if r == 0:
+        return one(d)
+    return one(rows * r) + one(cols * r)
+
+
+__all__ += ["powersgd_time"]

@@ -1,0 +1,568 @@
+"""PowerSGD: rank-r power-iteration compression of each segment viewed as a matrix, with error feedback and warm
+start, operation for operation as PyTorch's ``powerSGD_hook``.
+
+Source: Vogels, Karimireddy and Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
+Optimization", NeurIPS 2019, Algorithm 1 (rank-r PowerSGD compression with error feedback, Q reused across steps:
+"warm start", section 3), as shipped in ``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook``
+(``PowerSGDState`` + ``powerSGD_hook``, torch 2.13), which this module reproduces bit for bit in float64
+(``tests/test_powersgd.py`` runs torch's hook beside it; docs/algorithms/powersgd.md).
+
+Per iteration t and worker p, for one segment (a layer / DDP bucket; the whole model without segments) of n
+elements: acc_p = eps_p + alpha_t G_p (error feedback, :meth:`Algorithm.accumulate`), viewed as the matrix
+M_p (rows x cols, :func:`matrix_shape`), and with r = min(rank, rows, cols):
+
+1. Q (cols x r): at the first compressed step (and at every step without warm start) drawn N(0, 1) exactly as
+   torch does (:class:`TorchNormal`, seeded per segment by ``RandomState(seed).randint(10**9)``, one state per
+   worker, drawn in segment order), else the previous step's Q; orthogonalised (:func:`orthogonalize`);
+2. P = allreduce_sum(M_p Q) (rows x r; not divided: the orthogonalisation normalises it), orthogonalised;
+3. Q = allreduce_sum(M_p^T P) / W (W = the number of workers P);
+4. D = P Q^T (rows x cols), the decompressed average every worker applies; eps_p <- acc_p - D.
+
+The exchange returns g = W D (the sum convention of :class:`Exchange`: every worker applies g / W, which is D bit
+for bit when W is a power of two and within one ulp of it otherwise) and eps_p = acc_p - D, so
+sum_p acc_p = g + sum_p eps_p up to rounding.
+
+A segment that is not worth compressing (torch's ``_should_compress``: r (rows + cols) min_compression_rate >=
+rows cols, or rows = 1 or cols = 1) is allreduced uncompressed as torch does: g = sum_p acc_p, the applied
+average D = g / W and eps_p = acc_p - D (torch keeps that local-minus-average difference as the error). The first
+``start_iter`` iterations (torch's ``start_powerSGD_iter``) are a plain allreduce: g = sum_p acc_p, eps_p = 0.
+
+Matrix view (our rule; torch views each parameter tensor as (shape[0], numel / shape[0]) and the model vector has
+no shapes): option ``matrix_rows`` = 0 views n elements as rows x cols with rows the largest divisor of n not above
+sqrt(n) (a prime n gives 1 x n: uncompressed); ``matrix_rows`` = R > 0 views them as min(R, n) x ceil(n / min(R, n))
+with zero padding at the end (the padding's decompressed values are dropped). Real tensor shapes, as torch's hook
+sees them in a DDP bucket, go through :func:`bucket_plan` and :func:`powersgd_bucket` (the same code the simulator's
+per-segment exchange runs).
+
+Arithmetic (float64, bit for bit as torch 2.13's CPU kernels with ATEN_CPU_CAPABILITY=default, see
+docs/algorithms/powersgd.md): matrix products sum the inner dimension in order (torch's ``bmm`` below 400
+multiply-adds per product, :func:`matmul`); Gram-Schmidt is torch's ``_orthogonalize_gram_schmidt`` with torch's
+reduction orders (:func:`orthogonalize`). torch orthogonalises with ``torch.linalg.qr`` (LAPACK Householder) for
+r > 2 and multiplies larger matrices with MKL's dgemm: there this module keeps Gram-Schmidt and the ordered sums,
+and agrees with torch up to rounding (and, for the stored Q, column signs) only.
+
+Collectives: ``ring`` (default) or ``recursive_doubling`` allreduces (:func:`sim.collectives.ring_allreduce`,
+``rd_allreduce``) of the flattened P and Q (and of an uncompressed segment). Cost of a compressed segment
+(contention-free, zero compute; :func:`sim.costs.powersgd_time`): two allreduces of rows r and cols r values.
+Compute: the three products M Q, M^T P and P Q^T are ``reduce`` work of n r each (no compute kind models a dense
+product; ``reduce``, a dense addition per element, is the closest), plus the orthogonalisation of Q and of P
+(cols r^2 and rows r^2) added to the first two. The timing-only mode, the fast engine and the closed form model a
+compressed iteration (t > start_iter).
+
+State (``ctx.state["powersgd"]``, per worker): ``rng`` (numpy ``RandomState(spec.seed)``, torch's ``state.rng``) and
+``q``: segment index -> the list of Q matrices (warm start). Everything is deterministic per seed and identical on
+every rank.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .. import collectives as C
+from ..errors import ConfigError
+from ..ops import Compute
+from .base import Algorithm, Exchange, Option, register
+
+__all__ = ["PowerSGD", "matrix_shape", "effective_rank", "should_compress", "Entry", "Plan", "bucket_plan",
+           "segment_plan", "powersgd_bucket", "matmul", "orthogonalize", "torch_sum", "TorchNormal",
+           "SEED_BOUND"]
+
+#: torch's hook seeds the Q draw with ``state.rng.randint(1_000_000_000)``.
+SEED_BOUND = 1_000_000_000
+#: elements of one block of products in :func:`matmul` (memory bound, not a numerical choice)
+_BLOCK = 1 << 20
+
+
+# ----------------------------------------------------------------------------- torch's arithmetic, in numpy
+
+
+def matmul(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """A @ B with each output summed over the inner dimension in order, starting from 0:
+    out[i, j] = ((0 + A[i, 0] B[0, j]) + A[i, 1] B[1, j]) + ... (torch's CPU ``bmm`` kernel below 400
+    multiply-adds, ``baddbmm_cpu_kernel``; no fused multiply-add). A: (n, m), B: (m, r), same float dtype;
+    returns a fresh (n, r) array. Memory O(n r + 2^20)."""
+    n, m = A.shape
+    r = B.shape[1]
+    acc = np.zeros((n, 1, r), dtype=np.result_type(A, B))
+    kb = max(1, _BLOCK // max(1, n * r))
+    for k0 in range(0, m, kb):
+        k1 = min(m, k0 + kb)
+        prods = A[:, k0:k1, None] * B[None, k0:k1, :]  # (n, kb, r)
+        # add.accumulate is sequential along its axis (no pairwise summation): the carry, then each product
+        acc = np.cumsum(np.concatenate([acc, prods], axis=1), axis=1)[:, -1:, :]
+    return acc[:, 0, :]
+
+
+def _seq_sum(x: np.ndarray) -> np.ndarray:
+    """Sum along axis 0 in order, starting from 0: ((0 + x[0]) + x[1]) + ... (shape x.shape[1:])."""
+    zero = np.zeros((1,) + x.shape[1:], dtype=x.dtype)
+    return np.cumsum(np.concatenate([zero, x]), axis=0)[-1]
+
+
+def _ceil_log2(x: int) -> int:
+    """torch's ``at::native::utils::CeilLog2``: 1 for x <= 2, else ceil(log2 x)."""
+    return 1 if x <= 2 else (int(x) - 1).bit_length()
+
+
+def _multi_row_sum(rows: np.ndarray) -> np.ndarray:
+    """torch's ``multi_row_sum`` (aten/src/ATen/native/cpu/SumKernel.cpp) over axis 0 of ``rows``
+    (size, ...): 4 levels of partial sums, a level flushed every 2^level_power rows."""
+    size = rows.shape[0]
+    zero = np.zeros(rows.shape[1:], dtype=rows.dtype)
+    lp = max(4, _ceil_log2(size) // 4)
+    step, mask = 1 << lp, (1 << lp) - 1
+    full = size // step
+    acc1, acc2, acc3 = zero, zero, zero
+    if full:
+        chunks = _seq_sum(rows[:full * step].reshape((full, step) + rows.shape[1:]).swapaxes(0, 1))
+        for c in range(full):
+            i = (c + 1) * step
+            acc1 = acc1 + chunks[c]  # acc[1] += acc[0]; acc[0] = 0
+            if i & (mask << lp):
+                continue
+            acc2 = acc2 + acc1
+            acc1 = zero
+            if i & (mask << (2 * lp)):
+                continue
+            acc3 = acc3 + acc2
+            acc2 = zero
+    acc0 = _seq_sum(rows[full * step:])
+    return ((acc0 + acc1) + acc2) + acc3
+
+
+def _row_sum(x: np.ndarray) -> np.ndarray:
+    """torch's ``row_sum`` over axis 0 of x (size, ...): 4 interleaved accumulators (ilp_factor 4)."""
+    size = x.shape[0]
+    n4 = size // 4
+    part = _multi_row_sum(x[:n4 * 4].reshape((n4, 4) + x.shape[1:]))  # (4, ...)
+    p0 = part[0]
+    for i in range(n4 * 4, size):
+        p0 = p0 + x[i]
+    for k in range(1, 4):
+        p0 = p0 + part[k]
+    return p0
+
+
+def torch_sum(x: np.ndarray):
+    """torch.sum of a contiguous 1-D float array on the CPU (``cascade_sum``: 4-lane vectors, 4 accumulators,
+    4 levels, then the scalar tail and the lanes; the kernel of the default and AVX2 builds, which AVX-512
+    machines also run). Returns a numpy scalar of x's dtype. Below 2^15 elements (torch splits larger sums
+    across threads)."""
+    n = x.shape[0]
+    zero = x.dtype.type(0)
+    if n < 4:
+        return zero + _row_sum(x)
+    nv = n // 4
+    lanes = _row_sum(x[:nv * 4].reshape(nv, 4))
+    final = zero
+    for k in range(nv * 4, n):
+        final = final + x[k]
+    for k in range(4):
+        final = final + lanes[k]
+    return zero + final
+
+
+def _norm(col: np.ndarray, contiguous: bool):
+    """torch.norm(col) of a column: its vectorised last-dimension kernel (4 lanes, default build) when the column
+    is contiguous (rank 1), else the plain ordered sum of squares; then sqrt. A numpy scalar of col's dtype."""
+    sq = col * col
+    if not contiguous:
+        return np.sqrt(_seq_sum(sq))
+    n = sq.shape[0]
+    m = n - n % 4
+    lanes = _seq_sum(sq[:m].reshape(-1, 4))
+    b = ((lanes[0] + lanes[1]) + lanes[2]) + lanes[3]
+    for d in range(m, n):
+        b = b + sq[d]
+    return np.sqrt(b)
+
+
+def orthogonalize(M: np.ndarray, epsilon: float = 0.0) -> np.ndarray:
+    """Gram-Schmidt on the columns of M (n, r), in place, as torch's ``_orthogonalize_gram_schmidt``: for each
+    column i, col /= norm(col) (+ epsilon when epsilon > 0), then every later column
+    rest -= sum(col * rest) col. A zero column with epsilon = 0 becomes zeros (torch's stated intent; its
+    tensor division gives NaNs there instead). Returns M."""
+    r = M.shape[1]
+    for i in range(r):
+        col = M[:, i]
+        nrm = _norm(col, contiguous=r == 1)
+        if epsilon:
+            col /= nrm + M.dtype.type(epsilon)
+        elif nrm == 0:
+            col[:] = 0.0
+        else:
+            col /= nrm
+        for j in range(i + 1, r):
+            rest = M[:, j]
+            rest -= torch_sum(col * rest) * col
+    return M
+
+
+class TorchNormal:
+    """torch's CPU generator after ``torch.manual_seed(seed)`` (mt19937, 0 <= seed < 2^32), drawing
+    ``torch.randn(n, dtype=torch.float64)`` bit for bit in numpy: uniforms u = (53 low bits of two 32-bit draws,
+    high word first) / 2^53; n >= 16: all n uniforms, then Box-Muller on blocks of 16 (u1 = 1 - data[j],
+    u2 = data[j + 8], the last block redrawn when 16 does not divide n); n < 16: one normal at a time
+    (r = sqrt(-2 log1p(-u2)), theta = 2 pi u1: r cos(theta), with r sin(theta) kept for the next draw, across
+    calls). sqrt / log / log1p / sin / cos are the C library's (Python's math), as torch's."""
+
+    def __init__(self, seed: int):
+        self._bits = np.random.MT19937(0)
+        self._bits._legacy_seeding(int(seed))
+        self._cached = None
+
+    def _uniform(self, n: int) -> np.ndarray:
+        w = self._bits.random_raw(2 * n).astype(np.uint64).reshape(n, 2)
+        v = ((w[:, 0] << np.uint64(32)) | w[:, 1]) & np.uint64((1 << 53) - 1)
+        return v.astype(np.float64) * (1.0 / (1 << 53))  # exact: v < 2^53
+
+    def randn(self, n: int) -> np.ndarray:
+        """n standard normal float64 values (a fresh array)."""
+        if n >= 16:
+            data = self._uniform(n).tolist()
+            for i in range(0, n - 15, 16):
+                _fill16(data, i)
+            if n % 16:
+                data[n - 16:] = self._uniform(16).tolist()
+                _fill16(data, n - 16)
+            return np.array(data, dtype=np.float64)
+        out = np.empty(n, dtype=np.float64)
+        for i in range(n):
+            if self._cached is not None:
+                out[i], self._cached = self._cached, None
+                continue
+            u1, u2 = self._uniform(2).tolist()
+            r = math.sqrt(-2.0 * math.log1p(-u2))
+            theta = 2.0 * math.pi * u1
+            self._cached = r * math.sin(theta) * 1.0 + 0.0
+            out[i] = r * math.cos(theta) * 1.0 + 0.0
+        return out
+
+
+def _fill16(data: list, off: int) -> None:
+    """torch's ``normal_fill_16`` on data[off:off + 16] (Python floats, in place)."""
+    for j in range(8):
+        u1 = 1.0 - data[off + j]
+        u2 = data[off + j + 8]
+        radius = math.sqrt(-2.0 * math.log(u1))
+        theta = 2.0 * math.pi * u2
+        data[off + j] = radius * math.cos(theta) * 1.0 + 0.0
+        data[off + j + 8] = radius * math.sin(theta) * 1.0 + 0.0
+
+
+# ----------------------------------------------------------------------------- the matrix view
+
+
+@lru_cache(maxsize=4096)
+def matrix_shape(n: int, matrix_rows: int = 0) -> tuple[int, int]:
+    """(rows, cols) of the matrix that n >= 1 elements are viewed as: ``matrix_rows`` = 0: rows = the largest
+    divisor of n not above sqrt(n), cols = n / rows (near-square, no padding); R > 0: rows = min(R, n),
+    cols = ceil(n / rows) (rows cols - n zeros of padding)."""
+    n = int(n)
+    if matrix_rows:
+        rows = min(int(matrix_rows), n)
+        return rows, -(-n // rows)
+    rows = math.isqrt(n)
+    while n % rows:
+        rows -= 1
+    return rows, n // rows
+
+
+def effective_rank(rows: int, cols: int, rank: int) -> int:
+    """r = min(rank, rows, cols), torch's ``matrix_approximation_rank`` per tensor."""
+    return min(int(rank), int(rows), int(cols))
+
+
+def should_compress(rows: int, cols: int, rank: int, min_compression_rate: float) -> bool:
+    """torch's ``_should_compress``: r (rows + cols) min_compression_rate < rows cols with r = min(rank, rows, cols)."""
+    r = effective_rank(rows, cols, rank)
+    return (rows + cols) * r * min_compression_rate < rows * cols
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor of a bucket: elements [offset, offset + numel) of the bucket's vector, viewed as rows x cols
+    (rows cols >= numel; zeros pad the rest), compressed at rank ``r`` (0: allreduced uncompressed)."""
+
+    offset: int
+    numel: int
+    rows: int
+    cols: int
+    r: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A bucket's tensors: ``uncompressed`` in bucket order, ``compressed`` in torch's order (grouped by matrix
+    shape, shapes in order of first appearance, tensors in bucket order within a shape: the order of the Q draws
+    and of the P / Q memories)."""
+
+    uncompressed: tuple[Entry, ...]
+    compressed: tuple[Entry, ...]
+
+    @property
+    def p_size(self) -> int:
+        return sum(e.rows * e.r for e in self.compressed)
+
+    @property
+    def q_size(self) -> int:
+        return sum(e.cols * e.r for e in self.compressed)
+
+    @property
+    def u_size(self) -> int:
+        return sum(e.numel for e in self.uncompressed)
+
+
+def _group(entries) -> tuple[Entry, ...]:
+    groups: dict[tuple[int, int], list[Entry]] = {}
+    for e in entries:
+        groups.setdefault((e.rows, e.cols), []).append(e)
+    return tuple(e for g in groups.values() for e in g)
+
+
+def bucket_plan(shapes, rank: int, min_compression_rate: float = 2.0) -> Plan:
+    """The plan of torch's ``powerSGD_hook`` for a bucket whose tensors have the torch ``shapes`` (tuples, in
+    bucket order, consecutive in the bucket's vector): each tensor viewed as (shape[0], numel / shape[0])
+    (a 1-D tensor as (n, 1)), compressed when :func:`should_compress`. Raises ConfigError for a 0-d shape."""
+    comp, unc = [], []
+    off = 0
+    for shape in shapes:
+        shape = tuple(int(s) for s in shape)
+        if not shape:
+            raise ConfigError("a 0-d tensor has no matrix view: valid shapes have at least one dimension")
+        numel = int(np.prod(shape))
+        rows = shape[0]
+        cols = numel // rows if rows else 0
+        if numel and should_compress(rows, cols, rank, min_compression_rate):
+            comp.append(Entry(off, numel, rows, cols, effective_rank(rows, cols, rank)))
+        else:
+            unc.append(Entry(off, numel, numel, 1, 0))
+        off += numel
+    return Plan(tuple(unc), _group(comp))
+
+
+def segment_plan(n: int, rank: int, min_compression_rate: float = 2.0, matrix_rows: int = 0) -> Plan:
+    """The plan of a simulator segment of n elements (one matrix, :func:`matrix_shape`): compressed when rows > 1,
+    cols > 1 and :func:`should_compress`, else one uncompressed tensor of n elements."""
+    rows, cols = matrix_shape(n, matrix_rows)
+    if rows > 1 and cols > 1 and should_compress(rows, cols, rank, min_compression_rate):
+        return Plan((), (Entry(0, n, rows, cols, effective_rank(rows, cols, rank)),))
+    return Plan((Entry(0, n, n, 1, 0),), ())
+
+
+# ----------------------------------------------------------------------------- the exchange of one bucket
+
+
+def _matrix(acc: np.ndarray, e: Entry) -> np.ndarray:
+    """The rows x cols view of entry e of acc (a zero-padded copy when rows cols > numel)."""
+    x = acc[e.offset:e.offset + e.numel]
+    if e.rows * e.cols != e.numel:
+        pad = np.zeros(e.rows * e.cols, dtype=acc.dtype)
+        pad[:e.numel] = x
+        x = pad
+    return x.reshape(e.rows, e.cols)
+
+
+def powersgd_bucket(rank: int, P: int, acc: np.ndarray, plan: Plan, memory: dict, key, rng, *,
+                    epsilon: float = 0.0, warm_start: bool = True, allreduce=None, value_bytes: int = 8):
+    """Sans-I/O program: one PowerSGD exchange of a bucket (torch's ``powerSGD_hook`` after
+    ``start_powerSGD_iter``) on worker ``rank`` of P.
+
+    acc: float array (n,), the error-feedback accumulator of the bucket (not modified); plan: :func:`bucket_plan`
+    or :func:`segment_plan`; memory: this worker's dict of warm-start Q lists, entry ``key`` (read and written);
+    rng: this worker's ``numpy.random.RandomState`` (torch's ``state.rng``; one seed drawn per Q initialisation);
+    allreduce: callable x -> sans-I/O program returning the sum over ranks of x (default: ring allreduce of
+    ``value_bytes`` per value). Order: the products M Q, the uncompressed allreduce, the P allreduce, M^T P, the
+    Q allreduce, P Q^T (torch's future chain).
+
+    Returns (avg, g): avg (n,), the decompressed average D every worker applies (torch's output bucket);
+    g (n,), the sum convention: the allreduced sum on uncompressed tensors, W D on compressed ones (W = P).
+    The error feedback is acc - avg.
+    """
+    if allreduce is None:
+        allreduce = lambda x: C.ring_allreduce(rank, P, x, value_bytes)  # noqa: E731
+    dt = acc.dtype
+    avg = np.empty_like(acc)
+    g = np.empty_like(acc)
+    comp = plan.compressed
+    mats = [_matrix(acc, e) for e in comp]
+    if comp:
+        if not warm_start or memory.get(key) is None:
+            gen = TorchNormal(int(rng.randint(SEED_BOUND)))
+            qs = [gen.randn(e.cols * e.r).reshape(e.cols, e.r).astype(dt, copy=False) for e in comp]
+        else:
+            qs = [q.copy() for q in memory[key]]
+        for q in qs:
+            orthogonalize(q, epsilon)
+        yield Compute("reduce", sum(e.rows * e.cols * e.r + e.cols * e.r * e.r for e in comp))
+        ps = [matmul(M, q) for M, q in zip(mats, qs)]
+    if plan.uncompressed:
+        u = np.concatenate([acc[e.offset:e.offset + e.numel] for e in plan.uncompressed])
+        s = yield from allreduce(u)
+        a = s / dt.type(P)
+        i = 0
+        for e in plan.uncompressed:
+            g[e.offset:e.offset + e.numel] = s[i:i + e.numel]
+            avg[e.offset:e.offset + e.numel] = a[i:i + e.numel]
+            i += e.numel
+    if comp:
+        p_all = yield from allreduce(np.concatenate([p.ravel() for p in ps]))
+        ps, i = [], 0
+        for e in comp:
+            ps.append(orthogonalize(p_all[i:i + e.rows * e.r].reshape(e.rows, e.r).copy(), epsilon))
+            i += e.rows * e.r
+        yield Compute("reduce", sum(e.rows * e.cols * e.r + e.rows * e.r * e.r for e in comp))
+        qs = [matmul(M.T, p) for M, p in zip(mats, ps)]
+        q_all = yield from allreduce(np.concatenate([q.ravel() for q in qs]))
+        q_all = q_all / dt.type(P)
+        qs, i = [], 0
+        for e in comp:
+            qs.append(q_all[i:i + e.cols * e.r].reshape(e.cols, e.r).copy())
+            i += e.cols * e.r
+        yield Compute("reduce", sum(e.rows * e.cols * e.r for e in comp))
+        for e, p, q in zip(comp, ps, qs):
+            D = matmul(p, q.T).ravel()[:e.numel]
+            avg[e.offset:e.offset + e.numel] = D
+            g[e.offset:e.offset + e.numel] = D * dt.type(P)
+        memory[key] = qs if warm_start else None
+    return avg, g
+
+
+def _ring_size(n: int, P: int) -> int:
+    """Values a ring allreduce of n values moves here: n rounded up to a multiple of P (see :func:`_allreduce`)."""
+    return -(-int(n) // P) * P
+
+
+def _padded_ring(rank: int, P: int, x: np.ndarray, value_bytes: int):
+    """Ring allreduce (sum) of x zero-padded to a multiple of P values; returns the sum of the first len(x)."""
+    n = x.shape[0]
+    m = _ring_size(n, P)
+    if m != n:
+        x = np.concatenate([x, np.zeros((m - n,) + x.shape[1:], dtype=x.dtype)])
+    out = yield from C.ring_allreduce(rank, P, x, value_bytes)
+    return out[:n]
+
+
+def _allreduce(spec, rank: int, P: int):
+    """x -> the sans-I/O allreduce (sum) of ``spec.collective`` on x. The ring pads x with zeros to a multiple of P
+    values: every chunk then has ceil(n / P) values and every rank ends the allreduce at the same time. That costs
+    no time (each ring step is paced by its largest chunk, ceil(n / P) values, either way) and makes two allreduces
+    in a row take exactly the sum of their times (unpadded, ranks that finish the first one early start the second
+    early and save up to about 1e-5 of it), so the closed form stays exact; bytes on the wire grow by < P values
+    per chunk round."""
+    vb = spec.value_bytes
+    if spec.collective == "recursive_doubling":
+        return lambda x: C.rd_allreduce(rank, P, x, vb)
+    return lambda x: _padded_ring(rank, P, x, vb)
+
+
+class _BoolOption(Option):
+    """An on/off option: True or False (TOML true / false); anything else is a one-line ConfigError."""
+
+    def check(self, algorithm, name, value):
+        if isinstance(value, (bool, np.bool_)):
+            return bool(value)
+        raise ConfigError(f"{algorithm}.{name} = {value!r} must be a boolean: valid true, false")
+
+
+@register
+class PowerSGD(Algorithm):
+    """PowerSGD (Vogels et al. NeurIPS 2019, Algorithm 1) with error feedback and warm start, as torch's
+    ``powerSGD_hook``: each segment's accumulator as a rows x cols matrix, compressed to P (rows x r) and
+    Q (cols x r) by one power iteration, both allreduced (ring or recursive doubling); eps_p = acc_p - P Q^T."""
+
+    name = "powersgd"
+    collectives = ("ring", "recursive_doubling")
+    sparse = False
+    uses_seed = True
+    summary = "PowerSGD: rank-r power-iteration compression per segment matrix, P and Q allreduced (torch's hook)"
+    source = ("Vogels, Karimireddy and Jaggi, NeurIPS 2019, Algorithm 1 (error feedback, warm start); "
+              "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook")
+    options = {
+        "rank": Option(1, "matrix approximation rank r (torch's matrix_approximation_rank)", int, lo=1),
+        "start_iter": Option(0, "leading iterations of plain allreduce (torch's start_powerSGD_iter)", int, lo=0),
+        "warm_start": _BoolOption(True, "reuse Q across steps (torch's warm_start)", bool),
+        "orthogonalization_epsilon": Option(0.0, "added to each column norm in Gram-Schmidt", float, lo=0),
+        "min_compression_rate": Option(2.0, "compress when r (rows + cols) rate < rows cols (torch's)", float, lo=0),
+        "matrix_rows": Option(0, "rows of a segment's matrix view; 0: the largest divisor of n <= sqrt(n)", int,
+                              lo=0),
+    }
+
+    def plan(self, spec, n: int) -> Plan:
+        """The :func:`segment_plan` of a segment of n elements under ``spec``'s options."""
+        return segment_plan(n, spec.opt("rank"), spec.opt("min_compression_rate"), spec.opt("matrix_rows"))
+
+    def label_tags(self, spec):
+        return [f"r{spec.opt('rank')}"] if spec.opt("rank") != 1 else []
+
+    # ------------------------------------------------------------------ numerics
+    def exchange(self, spec, acc, k, ctx):
+        n = acc.shape[0]
+        allreduce = _allreduce(spec, ctx.rank, ctx.P)
+        if ctx.iteration <= spec.opt("start_iter"):
+            s = yield from allreduce(acc)
+            return Exchange(s, np.zeros_like(acc), n, n)
+        st = ctx.state.get("powersgd")
+        if st is None:
+            st = ctx.state["powersgd"] = {"rng": np.random.RandomState(spec.seed), "q": {}}
+        plan = self.plan(spec, n)
+        avg, g = yield from powersgd_bucket(
+            ctx.rank, ctx.P, acc, plan, st["q"], ctx.segment, st["rng"],
+            epsilon=spec.opt("orthogonalization_epsilon"), warm_start=spec.opt("warm_start"), allreduce=allreduce)
+        sent = plan.u_size + plan.p_size + plan.q_size
+        return Exchange(g, acc - avg, sent, sent)
+
+    # ------------------------------------------------------------------ timing only
+    def timing_payloads(self, spec, P, d, rng):
+        return [None] * P
+
+    def timing_exchange(self, spec, rank, P, d, payload):
+        from ..timing import phantom_dense
+
+        allreduce = _allreduce(spec, rank, P)
+        plan = self.plan(spec, d)
+        if plan.uncompressed:
+            return (yield from allreduce(phantom_dense(d)))
+        (e,) = plan.compressed
+        yield Compute("reduce", e.rows * e.cols * e.r + e.cols * e.r * e.r)
+        yield from allreduce(phantom_dense(e.rows * e.r))
+        yield Compute("reduce", e.rows * e.cols * e.r + e.rows * e.r * e.r)
+        out = yield from allreduce(phantom_dense(e.cols * e.r))
+        yield Compute("reduce", e.rows * e.cols * e.r)
+        return out
+
+    def fast_exchange(self, eng, spec, d, it, G):
+        from .base import AlgorithmSpec, get
+
+        dense = get("dense")
+        dspec = AlgorithmSpec(dense.name, collective=spec.collective, value_bytes=spec.value_bytes)
+        ring = spec.collective == "ring"
+
+        def allreduce(n):
+            dense.fast_exchange(eng, dspec, _ring_size(n, eng.P) if ring else n, it, G)
+
+        plan = self.plan(spec, d)
+        if plan.uncompressed:
+            allreduce(d)
+            return
+        (e,) = plan.compressed
+        eng.compute("reduce", e.rows * e.cols * e.r + e.cols * e.r * e.r, it)
+        allreduce(e.rows * e.r)
+        eng.compute("reduce", e.rows * e.cols * e.r + e.rows * e.r * e.r, it)
+        allreduce(e.cols * e.r)
+        eng.compute("reduce", e.rows * e.cols * e.r, it)
+
+    def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
+        from .. import costs
+
+        plan = self.plan(spec, d)
+        rows, cols, r = (plan.compressed[0].rows, plan.compressed[0].cols, plan.compressed[0].r) \
+            if plan.compressed else (d, 1, 0)
+        return costs.powersgd_time(P, d, rows, cols, r, alpha, beta, spec.value_bytes, spec.collective)
+
+    def payload_bytes(self, spec, numel, k):
+        plan = self.plan(spec, numel)
+        return (plan.u_size + plan.p_size + plan.q_size) * spec.value_bytes
