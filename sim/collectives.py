@@ -638,3 +638,256 @@ def hier_gtopk(rank: int, P: int, G: int, sel: Sparse, k: int, *, exact: bool = 
     g = yield from _gtopk_bcast(local, G, intra, track, g, cur, children, exact, s_el)
     applied = track.bits_for("own") if exact else _reference_mask(sel, g)
     return GTopKResult(g, applied)
+
+
+# ----------------------------------------------------------------------------- SparCML's sparse allreduce
+#
+# Renggli, Ashkboos, Aghagolzadeh, Alistarh and Hoefler, "SparCML: High-Performance Sparse Communication for
+# Machine Learning", SC 2019: sparse allreduces on "sparse streams" that switch to a dense representation once
+# their sparse encoding would not be smaller than the dense one. Two of the paper's static sparse allreduces
+# (SSAR) are here, :func:`ssar_recursive_doubling` (the paper's SSAR_Recursive_double) and
+# :func:`ssar_split_allgather` (SSAR_Split_allgather), written against a small stream algebra
+# (:class:`SparseStreams`) so that the timing-only mode runs the same programs on streams that carry only their
+# sizes (:class:`sim.algorithms.sparcml.PhantomStreams`).
+#
+# A stream over a window [lo, lo + width) of a vector of n coordinates is either a :class:`Sparse` (absolute
+# indices, dimension n; ``len * (value_bytes + index_bytes)`` bytes on the wire) or a dense float array of the
+# window's ``width`` values (``width * value_bytes`` bytes). The rule (:func:`ssar_is_dense`): a stream of
+# ``count`` entries is dense iff count (v + i) >= t width v, with t = ``dense_threshold`` in (0, 1] (t = 1: the
+# paper's switch where the sparse encoding reaches the dense size). ``dense_rule`` "union" applies it to the
+# merged stream's own entry count (the union of the supports); "bound" to the sum of the two inputs' counts before
+# the merge, as the authors' library does (``sum_streams`` in its c_common.h, which must size the output buffer
+# before merging). Dense is absorbing: a merge with a dense stream is dense.
+
+
+def ssar_is_dense(count: int, width: int, value_bytes: int = 4, index_bytes: int = 4,
+                  dense_threshold: float = 1.0) -> bool:
+    """SparCML's switch: a stream of ``count`` entries over ``width`` coordinates is dense iff
+    count (value_bytes + index_bytes) >= dense_threshold * width * value_bytes (integers compared exactly when
+    dense_threshold = 1)."""
+    lhs = int(count) * (int(value_bytes) + int(index_bytes))
+    if dense_threshold == 1.0:
+        return lhs >= int(width) * int(value_bytes)
+    return lhs >= float(dense_threshold) * (int(width) * int(value_bytes))
+
+
+class SparseStreams:
+    """The numeric stream algebra of SparCML's allreduces (see the section comment above).
+
+    n: the vector's dimension; dtype: the values' dtype (the accumulator's); value_bytes, index_bytes: bytes per
+    value / index on the wire; dense_threshold: t in (0, 1]; dense_rule: "union" or "bound".
+    Sums are formed as lower operand + upper operand; IEEE addition being commutative, either order gives the
+    same bits. Merges never modify their inputs (a sent payload is shared with its receiver).
+    """
+
+    def __init__(self, n: int, dtype, value_bytes: int = 4, index_bytes: int = 4, dense_threshold: float = 1.0,
+                 dense_rule: str = "union"):
+        self.n = int(n)
+        self.dtype = np.dtype(dtype)
+        self.vb, self.ib = int(value_bytes), int(index_bytes)
+        self.t = float(dense_threshold)
+        self.rule = dense_rule
+
+    def dense(self, count: int, width: int) -> bool:
+        """:func:`ssar_is_dense` with this algebra's bytes and threshold."""
+        return ssar_is_dense(count, width, self.vb, self.ib, self.t)
+
+    def start(self, sel: Sparse):
+        """This rank's stream over the whole vector: its selection, dense if the rule says so."""
+        if self.dense(len(sel), self.n):
+            out = np.zeros(self.n, dtype=self.dtype)
+            out[sel.idx] = sel.val
+            return out
+        return sel
+
+    def nbytes(self, s) -> int:
+        """Bytes of stream ``s`` on the wire."""
+        if isinstance(s, Sparse):
+            return len(s) * (self.vb + self.ib)
+        return int(s.shape[0]) * self.vb
+
+    @staticmethod
+    def count(s) -> int:
+        """Entries of a sparse stream; the width of a dense one."""
+        return len(s) if isinstance(s, Sparse) else int(s.shape[0])
+
+    def merge(self, lower, upper, lo: int, width: int):
+        """(sum, compute kind, work): the sum of two streams over the window [lo, lo + width), lower + upper at
+        common coordinates. Kind "reduce" (work: elements added) when a dense stream is involved, "merge" (work:
+        len(lower) + len(upper)) for two sparse streams."""
+        ld, ud = not isinstance(lower, Sparse), not isinstance(upper, Sparse)
+        if ld and ud:
+            return lower + upper, "reduce", width
+        if ld or ud:
+            dense, sp = (lower, upper) if ld else (upper, lower)
+            out = dense.copy()
+            out[sp.idx - lo] += sp.val
+            return out, "reduce", len(sp)
+        work = len(lower) + len(upper)
+        union = np.union1d(lower.idx, upper.idx)
+        count = work if self.rule == "bound" else int(union.shape[0])
+        if self.dense(count, width):
+            out = np.zeros(width, dtype=self.dtype)
+            out[lower.idx - lo] = lower.val
+            out[upper.idx - lo] += upper.val
+            return out, "merge", work
+        val = np.zeros(union.shape[0], dtype=self.dtype)
+        val[np.searchsorted(union, lower.idx)] = lower.val
+        val[np.searchsorted(union, upper.idx)] += upper.val
+        return Sparse(union.astype(np.int64, copy=False), val, self.n), "merge", work
+
+    def split(self, s, bounds: np.ndarray) -> list:
+        """The pieces of stream ``s`` (over the whole vector) in the regions [bounds[r], bounds[r + 1]): slices of a
+        dense stream (dense), else the entries in each region, dense if the rule says so for that region."""
+        out = []
+        if not isinstance(s, Sparse):
+            return [s[bounds[r]:bounds[r + 1]].copy() for r in range(len(bounds) - 1)]
+        cut = np.searchsorted(s.idx, bounds)
+        for r in range(len(bounds) - 1):
+            lo, width = int(bounds[r]), int(bounds[r + 1] - bounds[r])
+            idx, val = s.idx[cut[r]:cut[r + 1]], s.val[cut[r]:cut[r + 1]]
+            if self.dense(idx.shape[0], width):
+                piece = np.zeros(width, dtype=self.dtype)
+                piece[idx - lo] = val
+                out.append(piece)
+            else:
+                out.append(Sparse(idx, val, self.n))
+        return out
+
+    def to_full(self, region, lo: int, width: int):
+        """A region's sum as a stream over the whole vector (the input of the allgather): a dense region becomes
+        the sparse list of its nonzero entries (exact zeros carry nothing), then the rule is applied over n."""
+        if not isinstance(region, Sparse):
+            nz = np.flatnonzero(region)
+            region = Sparse((nz + lo).astype(np.int64), region[nz], self.n)
+        if self.dense(len(region), self.n):
+            out = np.zeros(self.n, dtype=self.dtype)
+            out[region.idx] = region.val
+            return out
+        return region
+
+    def finish(self, s) -> np.ndarray:
+        """The dense vector (n,) of the final stream ``s``."""
+        if isinstance(s, Sparse):
+            out = np.zeros(self.n, dtype=self.dtype)
+            out[s.idx] = s.val
+            return out
+        return s
+
+
+def _ssar_merge(ops, lower, upper, lo: int, width: int):
+    out, kind, work = ops.merge(lower, upper, lo, width)
+    yield Compute(kind, work)
+    return out
+
+
+def ssar_recursive_doubling(rank: int, P: int, sel: Sparse, *, value_bytes: int = 4, index_bytes: int = 4,
+                            dense_threshold: float = 1.0, dense_rule: str = "union", streams=None):
+    """SparCML's SSAR_Recursive_double (Renggli et al. SC 2019; the authors' ``c_allreduce_recdoubling``): lg P
+    rounds of recursive doubling on sparse streams, each round merging the partner's stream into one's own, a
+    stream switching to dense by the rule of :func:`ssar_is_dense`.
+
+    sel: this rank's selection (Sparse of dimension n, at most k entries). Returns the final stream (Sparse or a
+    dense float array (n,)), identical on every rank; ``streams.finish`` of it is g = sum_p sel_p. Summation
+    order at a coordinate: the butterfly's, each merge adding the lower block's partial sum and the upper
+    block's, with the extra ranks of P not a power of two folded first (MPICH's fold, :func:`rd_schedule`: even
+    rank r < 2 rem sends its stream to r + 1, which adds the two, rank r's first) and sent the result at the end.
+    streams: the stream algebra (default :class:`SparseStreams` for ``sel``; the timing-only mode passes one of
+    stream sizes).
+    Cost with pairwise disjoint supports of k entries (the worst case; overlaps make the messages smaller):
+    [rem > 0](alpha + B(k) beta) + sum_{j=1..lg pof2} (alpha + B(S_j) beta) + [rem > 0](alpha + B(P k) beta),
+    S_j = (2^(j-1) + min(rem, 2^(j-1))) k, B(c) = n v if dense else c (v + i) (:func:`sim.costs.sparcml_rd_time`);
+    = lg P alpha + (P - 1) k (v + i) beta for P a power of two before any switch (the paper's worst case).
+    """
+    ops = streams if streams is not None else SparseStreams(sel.d, sel.val.dtype, value_bytes, index_bytes,
+                                                           dense_threshold, dense_rule)
+    n = ops.n
+    cur = ops.start(sel)
+    for phase, dst, src in rd_schedule(rank, P):
+        if phase == "fold":
+            if dst >= 0:
+                yield Send(dst, cur, ops.nbytes(cur))
+            elif src >= 0:
+                got = yield Recv(src)
+                cur = yield from _ssar_merge(ops, got, cur, 0, n)
+        elif phase == "exchange":
+            if dst >= 0:
+                got = yield SendRecv(dst, cur, ops.nbytes(cur), src)
+                lower, upper = (cur, got) if rank < dst else (got, cur)
+                cur = yield from _ssar_merge(ops, lower, upper, 0, n)
+        elif dst >= 0:  # unfold: the result back to the folded rank
+            yield Send(dst, cur, ops.nbytes(cur))
+        elif src >= 0:
+            cur = yield Recv(src)
+    return cur
+
+
+def ssar_split_allgather(rank: int, P: int, sel: Sparse, *, value_bytes: int = 4, index_bytes: int = 4,
+                         dense_threshold: float = 1.0, dense_rule: str = "union", streams=None):
+    """SparCML's SSAR_Split_allgather (Renggli et al. SC 2019; the authors' ``c_allreduce_small``): the index
+    space is split into pof2 regions (``np.array_split`` bounds; survivor newrank u owns region u), every rank
+    sends each region's piece of its stream to the region's owner, the owner sums its region of everyone's
+    pieces, then the region sums are allgathered by recursive doubling (disjoint supports: each round
+    concatenates the partner's regions), every stream switching to dense by the rule of :func:`ssar_is_dense`
+    (pieces and region sums over their region's width, allgather streams over n).
+
+    The extra ranks of P not a power of two are folded in first and sent the result at the end, as in
+    :func:`ssar_recursive_doubling` (the authors' code does the same). The direct exchange of the split phase
+    runs as pof2 - 1 pairwise rounds, round j pairing newranks u and u XOR j (the authors post all sends and
+    receives at once). Summation order at a coordinate of region r: the owner adds the pieces in newrank order,
+    ((y_0 + y_1) + y_2) + ..., y_u being survivor u's stream (a folded pair's sum, its even rank's first); the
+    allgather adds nothing (disjoint regions). A region sum that went dense enters the allgather as the sparse
+    list of its nonzero entries (the authors' code drops |v| <= 1e-8 there; here only exact zeros, so g is exact).
+
+    sel: this rank's selection. Returns the final stream, identical on every rank (``streams.finish`` gives g).
+    Cost under the timing-only assumption (disjoint supports spread evenly, :func:`sim.costs.sparcml_split_time`):
+    [rem > 0](alpha + B(k) beta) + (pof2 - 1)(alpha + b beta) + sum_{j=1..lg pof2}(alpha + B(2^(j-1) R) beta)
+    + [rem > 0](alpha + B(pof2 R) beta), b the largest piece, R the entries of a region sum.
+    """
+    ops = streams if streams is not None else SparseStreams(sel.d, sel.val.dtype, value_bytes, index_bytes,
+                                                           dense_threshold, dense_rule)
+    n = ops.n
+    pof2, rem = pof2_split(P)
+    cur = ops.start(sel)
+    split_done = False
+    for phase, dst, src in rd_schedule(rank, P):
+        if phase == "fold":
+            if dst >= 0:
+                yield Send(dst, cur, ops.nbytes(cur))
+            elif src >= 0:
+                got = yield Recv(src)
+                cur = yield from _ssar_merge(ops, got, cur, 0, n)
+        elif phase == "exchange":
+            if dst < 0:
+                continue
+            if not split_done:  # the split phase, once, before the allgather's first round
+                cur = yield from _ssar_split_reduce(ops, int(_rd_newrank(rank, rem)), pof2, rem, cur)
+                split_done = True
+            got = yield SendRecv(dst, cur, ops.nbytes(cur), src)
+            lower, upper = (cur, got) if rank < dst else (got, cur)
+            cur = yield from _ssar_merge(ops, lower, upper, 0, n)
+        elif dst >= 0:
+            yield Send(dst, cur, ops.nbytes(cur))
+        elif src >= 0:
+            cur = yield Recv(src)
+    return cur
+
+
+def _ssar_split_reduce(ops, u: int, pof2: int, rem: int, cur):
+    """The split phase of :func:`ssar_split_allgather` on survivor newrank u: send region w's piece to its owner
+    in round u XOR w, sum region u's pieces in newrank order, return that sum as a stream over the whole vector."""
+    bounds = _chunk_bounds(ops.n, pof2)
+    pieces = ops.split(cur, bounds)
+    got = {u: pieces[u]}
+    for j in range(1, pof2):
+        w = u ^ j
+        peer = int(_rd_real(w, rem))
+        got[w] = yield SendRecv(peer, pieces[w], ops.nbytes(pieces[w]), peer)
+    lo, width = int(bounds[u]), int(bounds[u + 1] - bounds[u])
+    region = got[0]
+    for w in range(1, pof2):
+        region = yield from _ssar_merge(ops, region, got[w], lo, width)
+    return ops.to_full(region, lo, width)
+
+
+__all__ += ["ssar_is_dense", "SparseStreams", "ssar_recursive_doubling", "ssar_split_allgather"]

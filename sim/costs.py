@@ -197,6 +197,92 @@ def oktopk_bound_time(P: int, k: int, alpha: float, beta: float, value_bytes: in
 __all__ += ["oktopk_time", "oktopk_bound_time"]
 
 
+# ----------------------------------------------------------------------------- SparCML (issue #11)
+
+
+def _ssar_bytes(c: int, width: int, value_bytes: int, index_bytes: int, dense_threshold: float) -> int:
+    """Bytes of a SparCML stream of c entries (at most width) over width coordinates: width * value_bytes if
+    :func:`sim.collectives.ssar_is_dense` (c, width), else c (value_bytes + index_bytes)."""
+    from .collectives import ssar_is_dense
+
+    if ssar_is_dense(c, width, value_bytes, index_bytes, dense_threshold):
+        return int(width) * int(value_bytes)
+    return min(int(c), int(width)) * (int(value_bytes) + int(index_bytes))
+
+
+def sparcml_rd_time(P: int, k: int, n: int, alpha: float, beta: float, value_bytes: int = 4, index_bytes: int = 4,
+                    dense_threshold: float = 1.0) -> float:
+    """SparCML's SSAR_Recursive_double (:func:`sim.collectives.ssar_recursive_doubling`) of P selections of k
+    entries over n coordinates, with pairwise disjoint supports (the worst case; the timing-only assumption):
+
+    [rem > 0](alpha + B(k) beta) + sum_{j=1..lg pof2} (alpha + B(S_j) beta) + [rem > 0](alpha + B(P k) beta),
+    S_j = (2^(j-1) + min(rem, 2^(j-1))) k,
+
+    the fold, the lg pof2 rounds paced by the lowest block (its stream, holding the folded pairs, is the largest;
+    every message is sent by one of two blocks of equal ready time), the unfold. B(c) = n value_bytes if the
+    stream is dense (c (value_bytes + index_bytes) >= dense_threshold n value_bytes), else c (value_bytes +
+    index_bytes): the messages double each round until they switch. For P = 2^L before any switch this is the
+    paper's worst case lg P alpha + (P - 1) k beta, beta per (index, value) pair; after the switch at round j*
+    every round costs alpha + n value_bytes beta. 0 for P = 1."""
+    if P == 1:
+        return 0.0
+    pof2, rem = pof2_split(P)
+    b = lambda c: _ssar_bytes(c, n, value_bytes, index_bytes, dense_threshold)  # noqa: E731
+    t = alpha + b(k) * beta if rem else 0.0
+    m = 1
+    while m < pof2:
+        t += alpha + b((m + min(rem, m)) * k) * beta
+        m <<= 1
+    if rem:
+        t += alpha + b(P * k) * beta
+    return t
+
+
+def sparcml_split_time(P: int, k: int, n: int, alpha: float, beta: float, value_bytes: int = 4,
+                       index_bytes: int = 4, dense_threshold: float = 1.0) -> float:
+    """SparCML's SSAR_Split_allgather (:func:`sim.collectives.ssar_split_allgather`) of P selections of k entries
+    over n coordinates under the timing-only assumption (disjoint supports spread evenly over the pof2 regions,
+    every piece of a stream of c entries holding ceil(c / pof2) entries over the largest region's width
+    m = ceil(n / pof2)):
+
+    [rem > 0](alpha + B(k) beta) + (pof2 - 1)(alpha + b beta) + sum_{j=1..lg pof2} (alpha + B(2^(j-1) R) beta)
+    + [rem > 0](alpha + B(pof2 R) beta),
+
+    the fold; pof2 - 1 pairwise rounds of the split phase, paced by the largest piece b (of a folded survivor's
+    stream of c = 2k entries when rem > 0, else c = k: m value_bytes if its stream is dense or ceil(c / pof2)
+    (value_bytes + index_bytes) >= dense_threshold m value_bytes, else ceil(c / pof2)(value_bytes + index_bytes));
+    the allgather's lg pof2 rounds of the region sums, R = min(rem ceil(2k / pof2) + (pof2 - rem) ceil(k / pof2), m)
+    entries each, doubling each round until the switch (B as in :func:`sparcml_rd_time`, over n); the unfold.
+    For P = 2^L dividing k before any switch: (P - 1 + lg P) alpha + ((P - 1) k / P + (P - 1) k) s beta. 0 for
+    P = 1."""
+    if P == 1:
+        return 0.0
+    from .collectives import ssar_is_dense
+
+    pof2, rem = pof2_split(P)
+    s = value_bytes + index_bytes
+    m = -(-int(n) // pof2)
+    c_big = min(2 * k, n) if rem else k
+    p_big, p_small = -(-c_big // pof2), -(-k // pof2)
+    dense_big = (ssar_is_dense(c_big if not rem else 2 * k, n, value_bytes, index_bytes, dense_threshold)
+                 or ssar_is_dense(p_big, m, value_bytes, index_bytes, dense_threshold))
+    piece = m * value_bytes if dense_big else p_big * s
+    R = min(rem * p_big + (pof2 - rem) * p_small, m)
+    b = lambda c: _ssar_bytes(c, n, value_bytes, index_bytes, dense_threshold)  # noqa: E731
+    t = alpha + b(k) * beta if rem else 0.0
+    t += (pof2 - 1) * (alpha + piece * beta)
+    j = 1
+    while j < pof2:
+        t += alpha + b(j * R) * beta
+        j <<= 1
+    if rem:
+        t += alpha + b(pof2 * R) * beta
+    return t
+
+
+__all__ += ["sparcml_rd_time", "sparcml_split_time"]
+
+
 def powersgd_time(P: int, d: int, rows: int, cols: int, r: int, alpha: float, beta: float, value_bytes: int = 4,
                   allreduce: str = "ring") -> float:
     """PowerSGD's exchange of one segment of d values viewed as a rows x cols matrix at rank r
