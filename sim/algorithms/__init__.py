@@ -11,7 +11,7 @@ from .base import (REGISTRY, Algorithm, AlgorithmSpec, Exchange, Option, StepCon
 
 #: The algorithm files, in registration order (the order of the CLI's lists). Adding an algorithm is one new
 #: file that defines and registers an :class:`Algorithm` subclass, plus its name here.
-MODULES = ("dense", "topk", "gtopk", "randk", "dgc", "gaussiank", "cltk", "oktopk", "powersgd")
+MODULES = ("dense", "topk", "gtopk", "randk", "dgc", "gaussiank", "cltk", "oktopk", "sparcml", "powersgd")
 for _m in MODULES:
     importlib.import_module(f"{__name__}.{_m}")
 
