@@ -39,8 +39,10 @@ TIMEOUT = 60.0
 def test_bad_options_are_one_line_errors():
     with pytest.raises(ConfigError, match=r"^powersgd.rank = 0 is out of range: valid 1 <= powersgd.rank$"):
         AlgorithmSpec("powersgd", options=(("rank", 0),))
-    with pytest.raises(ConfigError, match=r"powersgd.warm_start = 'yes' must be a boolean: valid true, false"):
-        AlgorithmSpec("powersgd", options=(("warm_start", "yes"),))
+    for bad in ("yes", 2, 0.5):
+        with pytest.raises(ConfigError, match=rf"powersgd.warm_start = {bad!r} must be on or off: valid true, false"):
+            AlgorithmSpec("powersgd", options=(("warm_start", bad),))
+    assert AlgorithmSpec("powersgd", options=(("warm_start", 0),)).opt("warm_start") is False
     for key, bad in (("start_iter", -1), ("matrix_rows", -2), ("orthogonalization_epsilon", -1e-8),
                      ("min_compression_rate", -1.0), ("rank", 1.5)):
         with pytest.raises(ConfigError, match=f"powersgd.{key} = "):
@@ -51,13 +53,16 @@ def test_bad_options_are_one_line_errors():
 
 
 def test_matrix_view_and_plans():
-    assert ps.matrix_shape(24) == (4, 6) and ps.matrix_shape(10_007) == (1, 10_007)  # prime: 1 x n
-    assert ps.matrix_shape(10_000) == (100, 100) and ps.matrix_shape(10_007, 100) == (100, 101)
-    assert ps.matrix_shape(5, 9) == (5, 1)
+    assert ps.matrix_shape(24) == (4, 6) and ps.matrix_shape(10_000) == (100, 100)  # exact near-square divisors
+    assert ps.matrix_shape(10_007) == (101, 100)  # prime: ceil(sqrt(n)) rows, 93 zeros of padding
+    assert ps.matrix_shape(25_557_032) == (5056, 5055)  # 8 x 3,194,629 is too thin: padded instead
+    assert ps.matrix_shape(7) == (1, 7) and ps.matrix_shape(12) == (3, 4) and ps.matrix_shape(2 * 4999) == (100, 100)
+    assert ps.matrix_shape(10_007, 100) == (100, 101) and ps.matrix_shape(5, 9) == (5, 1)
     # torch's _should_compress at its default rate 2: 1 x n and n x 1 never, 4 x 6 at rank 1 (20 < 24)
     assert ps.segment_plan(24, 1).compressed == (ps.Entry(0, 24, 4, 6, 1),)
     assert ps.segment_plan(24, 2).compressed == () and ps.segment_plan(24, 2, 1.0).compressed != ()
-    assert ps.segment_plan(10_007, 1).uncompressed == (ps.Entry(0, 10_007, 10_007, 1, 0),)
+    assert ps.segment_plan(7, 1, 0.1).uncompressed == (ps.Entry(0, 7, 7, 1, 0),)
+    assert ps.segment_plan(10_007, 1).compressed == (ps.Entry(0, 10_007, 101, 100, 1),)
     assert ps.segment_plan(10_007, 1, matrix_rows=100).compressed == (ps.Entry(0, 10_007, 100, 101, 1),)
     # a bucket as torch sees it: biases and small tensors uncompressed, the rest grouped by shape
     plan = ps.bucket_plan([(3,), (12, 16), (16,), (16, 12), (12, 16), (4, 2, 3, 3)], 2, 1.0)
@@ -70,7 +75,7 @@ def test_matrix_view_and_plans():
 
 @pytest.mark.parametrize("P", [1, 2, 3, 5, 8, 16, 33])
 def test_closed_form_equals_timing_and_fast_engine_when_compressed(P):
-    """The registry tests use prime d (uncompressed); here d = 10,000 (100 x 100) and 10,007 padded to 100 x 101."""
+    """As the registry tests, at d = 10,000 (100 x 100) and 10,007 padded to 100 x 101 (P and Q sizes P does not divide)."""
     net = PRESETS["1GbE"]
     a, b = net.end_to_end_alpha_beta()
     for coll in ("ring", "recursive_doubling"):

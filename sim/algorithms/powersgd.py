@@ -29,8 +29,9 @@ average D = g / W and eps_p = acc_p - D (torch keeps that local-minus-average di
 
 Matrix view (our rule; torch views each parameter tensor as (shape[0], numel / shape[0]) and the model vector has
 no shapes): option ``matrix_rows`` = 0 views n elements as rows x cols with rows the largest divisor of n not above
-sqrt(n) (a prime n gives 1 x n: uncompressed); ``matrix_rows`` = R > 0 views them as min(R, n) x ceil(n / min(R, n))
-with zero padding at the end (the padding's decompressed values are dropped). Real tensor shapes, as torch's hook
+sqrt(n) when that is at least isqrt(n) / 2, else as the near-square ceil(sqrt(n)) x ceil(n / ceil(sqrt(n))) with
+zero padding at the end (:func:`matrix_shape`); ``matrix_rows`` = R > 0 views them as min(R, n) x
+ceil(n / min(R, n)), zero-padded. The padding's decompressed values are dropped. Real tensor shapes, as torch's hook
 sees them in a DDP bucket, go through :func:`bucket_plan` and :func:`powersgd_bucket` (the same code the simulator's
 per-segment exchange runs).
 
@@ -86,14 +87,18 @@ def matmul(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     returns a fresh (n, r) array. Memory O(n r + 2^20)."""
     n, m = A.shape
     r = B.shape[1]
-    acc = np.zeros((n, 1, r), dtype=np.result_type(A, B))
+    dt = np.result_type(A, B)
+    acc = np.zeros((1, n, r), dtype=dt)
     kb = max(1, _BLOCK // max(1, n * r))
+    At = A.T
     for k0 in range(0, m, kb):
         k1 = min(m, k0 + kb)
-        prods = A[:, k0:k1, None] * B[None, k0:k1, :]  # (n, kb, r)
+        block = np.empty((k1 - k0 + 1, n, r), dtype=dt)
+        block[0] = acc[0]
+        np.multiply(At[k0:k1, :, None], B[k0:k1, None, :], out=block[1:])  # products k, contiguous per k
         # add.accumulate is sequential along its axis (no pairwise summation): the carry, then each product
-        acc = np.cumsum(np.concatenate([acc, prods], axis=1), axis=1)[:, -1:, :]
-    return acc[:, 0, :]
+        acc = np.cumsum(block, axis=0)[-1:]
+    return acc[0]
 
 
 def _seq_sum(x: np.ndarray) -> np.ndarray:
@@ -258,17 +263,24 @@ def _fill16(data: list, off: int) -> None:
 
 @lru_cache(maxsize=4096)
 def matrix_shape(n: int, matrix_rows: int = 0) -> tuple[int, int]:
-    """(rows, cols) of the matrix that n >= 1 elements are viewed as: ``matrix_rows`` = 0: rows = the largest
-    divisor of n not above sqrt(n), cols = n / rows (near-square, no padding); R > 0: rows = min(R, n),
-    cols = ceil(n / rows) (rows cols - n zeros of padding)."""
+    """(rows, cols) of the matrix that n >= 1 elements are viewed as (row-major, zero padding at the end when
+    rows cols > n). ``matrix_rows`` = 0 (auto): rows = the largest divisor of n not above sqrt(n) and cols = n / rows
+    when that divisor is at least isqrt(n) / 2 (an exact near-square factorisation, no padding), else
+    rows = ceil(sqrt(n)), cols = ceil(n / rows) (fewer than rows zeros of padding; a prime n, or ResNet-50's
+    25,557,032 = 8 x 3,194,629, would otherwise be a thin matrix that compresses badly or not at all);
+    R > 0: rows = min(R, n), cols = ceil(n / rows)."""
     n = int(n)
     if matrix_rows:
         rows = min(int(matrix_rows), n)
         return rows, -(-n // rows)
-    rows = math.isqrt(n)
+    root = math.isqrt(n)
+    rows = root
     while n % rows:
         rows -= 1
-    return rows, n // rows
+    if 2 * rows >= root:
+        return rows, n // rows
+    rows = root + (root * root < n)  # ceil(sqrt(n)), as torch's batched_powerSGD_hook's square side
+    return rows, -(-n // rows)
 
 
 def effective_rank(rows: int, cols: int, rank: int) -> int:
@@ -460,12 +472,15 @@ def _allreduce(spec, rank: int, P: int):
 
 
 class _BoolOption(Option):
-    """An on/off option: True or False (TOML true / false); anything else is a one-line ConfigError."""
+    """An on/off option: True / False, or 1 / 0 (a scenario's [algorithm.NAME] table takes numbers and strings,
+    not TOML booleans); anything else is a one-line ConfigError."""
 
     def check(self, algorithm, name, value):
         if isinstance(value, (bool, np.bool_)):
             return bool(value)
-        raise ConfigError(f"{algorithm}.{name} = {value!r} must be a boolean: valid true, false")
+        if isinstance(value, (int, np.integer)) and value in (0, 1):
+            return bool(value)
+        raise ConfigError(f"{algorithm}.{name} = {value!r} must be on or off: valid true, false, 1, 0")
 
 
 @register
@@ -487,7 +502,7 @@ class PowerSGD(Algorithm):
         "warm_start": _BoolOption(True, "reuse Q across steps (torch's warm_start)", bool),
         "orthogonalization_epsilon": Option(0.0, "added to each column norm in Gram-Schmidt", float, lo=0),
         "min_compression_rate": Option(2.0, "compress when r (rows + cols) rate < rows cols (torch's)", float, lo=0),
-        "matrix_rows": Option(0, "rows of a segment's matrix view; 0: the largest divisor of n <= sqrt(n)", int,
+        "matrix_rows": Option(0, "rows of a segment's matrix view; 0: near-square (an exact divisor or padding)", int,
                               lo=0),
     }
 
