@@ -75,7 +75,8 @@ def test_matrix_view_and_plans():
 
 @pytest.mark.parametrize("P", [1, 2, 3, 5, 8, 16, 33])
 def test_closed_form_equals_timing_and_fast_engine_when_compressed(P):
-    """As the registry tests, at d = 10,000 (100 x 100) and 10,007 padded to 100 x 101 (P and Q sizes P does not divide)."""
+    """As the registry tests, at d = 10,000 (100 x 100) and at 10,007 padded to 100 x 101 (P and Q sizes that P
+    does not divide)."""
     net = PRESETS["1GbE"]
     a, b = net.end_to_end_alpha_beta()
     for coll in ("ring", "recursive_doubling"):
@@ -132,7 +133,8 @@ def test_small_products_are_torch_bmm():
     rng = np.random.default_rng(0)
     for n, m, r in ((5, 7, 1), (12, 16, 2), (19, 20, 1), (3, 66, 2)):  # n m r < 400: torch's ordered kernel
         A, B = rng.standard_normal((n, m)), rng.standard_normal((m, r))
-        assert np.array_equal(ps.matmul(A, B), torch.bmm(torch.from_numpy(A)[None], torch.from_numpy(B)[None])[0].numpy())
+        want = torch.bmm(torch.from_numpy(A)[None], torch.from_numpy(B)[None])[0].numpy()
+        assert np.array_equal(ps.matmul(A, B), want)
         At = rng.standard_normal((m, n))
         assert np.array_equal(ps.matmul(At.T, B), torch.bmm(torch.from_numpy(At)[None].transpose(1, 2),
                                                             torch.from_numpy(B)[None])[0].numpy())
