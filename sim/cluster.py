@@ -9,14 +9,25 @@ the receiver's Recv for that ordered pair are both posted, and both sides comple
 byte has arrived. Per rank the driver accounts seconds in three categories:
 ``compute`` (forward_backward, update), ``compress`` (select, merge) and ``comm`` (time blocked in
 Send/Recv/SendRecv, plus dense reduction compute).
+
+Events: on a network whose links rendezvous traffic never shares (flat star and direct,
+:attr:`sim.network.Network.rendezvous_uncontended`) a message costs one SimPy event: when both sides
+have posted, its arrival time is computed at once with the same float operations the hop-by-hop
+model performs (:meth:`sim.network.Network.uncontended_arrival`), and one event, scheduled at that
+instant, completes both the Send and the Recv. Elsewhere (rings, hierarchical clusters) every message
+runs as its own process through :meth:`sim.network.Network.transfer`, hop by hop; ``fast=False``
+forces that everywhere (the reference the fast path is tested against: same clock, same counters,
+same busy seconds, bit for bit). A Compute operation whose duration is 0 costs no event.
 """
 from __future__ import annotations
 
 import math
 from collections import deque
+from heapq import heappush
 
 import numpy as np
 import simpy
+from simpy.events import NORMAL, Event
 
 from .compute import ComputeModel
 from .errors import SparsimError, check_range
@@ -36,18 +47,24 @@ CATEGORY_OF_KIND = {
 }
 
 
+#: The message operations, by exact type (subclasses take the isinstance checks).
+_MESSAGE_OPS = (Send, Recv, SendRecv)
+
+
 class SimCluster:
     """P simulated ranks on one SimPy environment, a network and a compute model.
 
     P: int >= 1. network: a :class:`~sim.network.NetworkSpec` (flat) or a :class:`~sim.topology.ClusterSpec`
     with P ranks (hierarchical). compute: a
-    :class:`~sim.compute.ComputeModel` (default: all compute costs zero).
+    :class:`~sim.compute.ComputeModel` (default: all compute costs zero). fast: False runs every message
+    hop by hop as its own SimPy process also where one event per message gives the same times (module
+    docstring); the results are the same either way.
     Attributes: ``env`` (simpy.Environment, time in seconds), ``net`` (:class:`~sim.network.Network`),
     ``busy`` (float array (P, 3): seconds per rank in compute / compress / comm, cumulative).
     Raises SparsimError for P < 1.
     """
 
-    def __init__(self, P: int, network, compute: ComputeModel | None = None):
+    def __init__(self, P: int, network, compute: ComputeModel | None = None, *, fast: bool = True):
         check_range("P", P, 1)
         self.P = int(P)
         self.env = simpy.Environment()
@@ -56,10 +73,23 @@ class SimCluster:
         self._sends: dict[tuple[int, int], deque] = {}
         self._recvs: dict[tuple[int, int], deque] = {}
         self.busy = np.zeros((self.P, 3))
+        # one event per message where that is exact (and SimPy's event queue is the heap this code knows)
+        self._one_event = bool(fast and self.net.rendezvous_uncontended
+                               and isinstance(getattr(self.env, "_queue", None), list) and hasattr(self.env, "_eid"))
+        # the stock compute model's durations depend only on (kind, work), and forward_backward's on rank and
+        # iteration only through jitter and stragglers: remembered per (kind, work) once computed (and validated)
+        cm = self.compute
+        self._sec_memo: dict | None = {} if type(cm) is ComputeModel else None
+        self._fb_fixed = type(cm) is ComputeModel and cm.jitter == "none" and cm.straggler_prob == 0.0
 
     # -- rendezvous matching ------------------------------------------------------------------
     def _start(self, src, dst, payload, nbytes, send_ev, recv_ev):
         env = self.env
+        if self._one_event:  # send_ev is recv_ev: one event at the arrival instant completes both sides
+            t = self.net.uncontended_arrival(src, dst, nbytes, env._now)
+            recv_ev._ok, recv_ev._value = True, payload
+            heappush(env._queue, (t, NORMAL, next(env._eid), recv_ev))  # at t exactly (schedule() adds a delay)
+            return
 
         def xfer():
             yield self.net.transfer(src, dst, nbytes)
@@ -69,22 +99,35 @@ class SimCluster:
         env.process(xfer())
 
     def _post_send(self, src, dst, payload, nbytes):
-        ev = self.env.event()
+        """Post rank src's Send to dst; returns the event that fires when the message has arrived."""
         q = self._recvs.get((src, dst))
-        if q:
-            self._start(src, dst, payload, nbytes, ev, q.popleft())
+        if self._one_event:
+            if q:
+                ev = q.popleft()
+                self._start(src, dst, payload, nbytes, ev, ev)
+                return ev
+            ev = Event(self.env)
         else:
-            self._sends.setdefault((src, dst), deque()).append((payload, nbytes, ev))
+            ev = self.env.event()
+            if q:
+                self._start(src, dst, payload, nbytes, ev, q.popleft())
+                return ev
+        self._sends.setdefault((src, dst), deque()).append((payload, nbytes, ev))
         return ev
 
     def _post_recv(self, src, dst):
-        ev = self.env.event()
+        """Post rank dst's Recv from src; returns the event that fires (value: the payload) when it has arrived."""
         q = self._sends.get((src, dst))
         if q:
             payload, nbytes, send_ev = q.popleft()
+            if self._one_event:
+                self._start(src, dst, payload, nbytes, send_ev, send_ev)
+                return send_ev
+            ev = self.env.event()
             self._start(src, dst, payload, nbytes, send_ev, ev)
-        else:
-            self._recvs.setdefault((src, dst), deque()).append(ev)
+            return ev
+        ev = Event(self.env)
+        self._recvs.setdefault((src, dst), deque()).append(ev)
         return ev
 
     # -- program execution ----------------------------------------------------------------------
@@ -103,6 +146,11 @@ class SimCluster:
         """
         env = self.env
         busy = self.busy[rank]
+        one_event = self._one_event
+        cm = self.compute
+        memo = self._sec_memo if (type(iteration) is int and iteration >= 0 and type(rank) is int
+                                   and 0 <= rank < self.P) else None
+        fb_fixed = self._fb_fixed
         value = None
         n_op = 0
         while True:
@@ -113,29 +161,44 @@ class SimCluster:
                     yield from self._replay_segment(rank, replay, n_op, None)
                 return stop.value
             value = None
+            cls = type(op)
             if replay is not None:
                 yield from self._replay_segment(rank, replay, n_op, op)
                 n_op += 1
-                if isinstance(op, Compute):
+                if cls is Compute or isinstance(op, Compute):
                     continue
-            t0 = env.now
-            if isinstance(op, Compute):
-                sec = self.compute.seconds(op.kind, op.work, rank, iteration)
+            if cls is Compute or (cls not in _MESSAGE_OPS and isinstance(op, Compute)):
+                kind, work = op.kind, op.work
+                sec = None
+                if memo is not None and (type(work) is float or type(work) is int):
+                    key = (kind, work)
+                    sec = memo.get(key)
+                    if sec is None:
+                        sec = cm.seconds(kind, work, rank, iteration)
+                        if fb_fixed or kind != "forward_backward":
+                            memo[key] = sec
+                if sec is None:
+                    sec = cm.seconds(kind, work, rank, iteration)
                 if sec > 0:
                     yield env.timeout(sec)
-                busy[CATEGORY_OF_KIND[op.kind]] += sec
+                busy[CATEGORY_OF_KIND[kind]] += sec
                 continue
-            if isinstance(op, AllReduce):
-                raise SparsimError("collective backend_allreduce runs only on the torch backend: valid here ring, recursive_doubling")
-            if isinstance(op, Send):
-                yield self._post_send(rank, op.dst, op.payload, op.nbytes)
-            elif isinstance(op, Recv):
-                value = yield self._post_recv(op.src, rank)
-            elif isinstance(op, SendRecv):
+            t0 = env.now
+            if cls is SendRecv or (cls not in _MESSAGE_OPS and isinstance(op, SendRecv)):
                 s_ev = self._post_send(rank, op.dst, op.payload, op.nbytes)
                 r_ev = self._post_recv(op.src, rank)
-                yield s_ev & r_ev
-                value = r_ev.value
+                if one_event:  # both events fire at their arrival; yielding a fired one continues at once
+                    yield s_ev
+                    value = yield r_ev
+                else:
+                    yield s_ev & r_ev
+                    value = r_ev.value
+            elif cls is Send or (cls not in _MESSAGE_OPS and isinstance(op, Send)):
+                yield self._post_send(rank, op.dst, op.payload, op.nbytes)
+            elif cls is Recv or (cls not in _MESSAGE_OPS and isinstance(op, Recv)):
+                value = yield self._post_recv(op.src, rank)
+            elif isinstance(op, AllReduce):
+                raise SparsimError("collective backend_allreduce runs only on the torch backend: valid here ring, recursive_doubling")
             else:
                 raise TypeError(f"rank {rank} yielded {op!r}, not a sim.ops operation")
             busy[2] += env.now - t0

@@ -374,6 +374,79 @@ class Network:
             self._in_flight[1, dst] += 1
         return self.env.process(self._send(path, nbytes, src, dst))
 
+    @property
+    def rendezvous_uncontended(self) -> bool:
+        """Whether a message's links are provably free of other messages while it is on them when the traffic
+        is SimCluster's rendezvous (each rank has at most one message leaving it and one reaching it at a time):
+        true on flat ``"star"`` networks (the only links are a rank's own uplink and downlink) and ``"direct"``
+        meshes (a link per ordered pair), false on rings (a hop may carry other ranks' messages) and on
+        hierarchical clusters (shared NICs). :class:`~sim.cluster.SimCluster` then computes each message's
+        arrival once, when it starts (:meth:`uncontended_arrival`), instead of running it hop by hop."""
+        return self._links is None and self.spec.topology in ("star", "direct")
+
+    def uncontended_arrival(self, src: int, dst: int, nbytes: int, now: float) -> float:
+        """Start a message from ``src`` to ``dst`` at simulated time ``now`` and return when its last byte
+        arrives at ``dst``, doing at once, with the same float operations, what :meth:`transfer` does hop by
+        hop: the counters, each hop's start ``max(t, link free)``, the links' free times and busy seconds, and
+        the arrival ``t + ((start - t) + delay)`` per hop (with ``quantum_s > 0``: the grid arithmetic of
+        :meth:`_send`). Exact only while no other message reaches these links before this one has left them,
+        which holds on a :attr:`rendezvous_uncontended` network under SimCluster's rendezvous; a hop that finds
+        its link still held by an earlier message (which that traffic never does) raises SparsimError rather
+        than give a time that could differ from :meth:`transfer`'s. Validates like :meth:`transfer`."""
+        P = self.P
+        if not (type(src) is int and type(dst) is int and type(nbytes) is int
+                and 0 <= src < P and 0 <= dst < P and nbytes >= 0):
+            src = _check_int("src", src, 0, P - 1)
+            dst = _check_int("dst", dst, 0, P - 1)
+            nbytes = _check_int("nbytes", nbytes, 0)
+        if src == dst:
+            return now
+        self.bytes_sent[src] += nbytes
+        self.messages_sent[src] += 1
+        path = ((src, SWITCH), (SWITCH, dst)) if self.spec.topology == "star" else self._route(src, dst)
+        free_at = self._free_at
+        busy = self.link_busy_s
+        hold, delay = self._hop_quanta(nbytes)
+        t = now
+        q = self._q
+        if q > 0:
+            if delay == 0 and (self._latency > 0 or nbytes > 0):
+                exact = self._latency + nbytes / self._bw
+                raise SparsimError(
+                    f"quantum_s = {q:g} s truncates a {nbytes}-byte message's hop (rank {src} -> {dst}, latency "
+                    f"{self._latency:.3g} s + {nbytes / self._bw:.3g} s of transfer = {exact:.3g} s) to 0: valid "
+                    f"quantum_s <= {exact:.3g} s (the shortest hop simulated), or quantum_s = 0 (exact time)")
+            hold_s = hold * q
+            for key in path:
+                k_now = _ceil_quanta(t / q)
+                k_free = free_at.get(key)
+                if k_free is None:
+                    self._add_link(key)
+                    k_free = 0
+                if k_free > k_now:
+                    self._contended(key, src, dst)
+                free_at[key] = k_now + hold
+                busy[key] += hold_s
+                t_arrive = (k_now + delay) * q
+                t = t + (t_arrive - t if t_arrive > t else 0.0)
+            return t
+        for key in path:
+            t_free = free_at.get(key)
+            if t_free is None:
+                self._add_link(key)
+                t_free = 0.0
+            if t_free > t:
+                self._contended(key, src, dst)
+            free_at[key] = t + hold
+            busy[key] += hold
+            t = t + (0.0 + delay)  # start = t: (start - t) + delay
+        return t
+
+    def _contended(self, key, src, dst):
+        raise SparsimError(f"message {src} -> {dst} finds link {key} still held by an earlier message: "
+                           "Network.uncontended_arrival is exact only under SimCluster's rendezvous (one message "
+                           "leaving and one reaching each rank at a time); valid: Network.transfer for other traffic")
+
     def _arbitrate(self, key, src):
         """Event that fires when message ``src``'s head may take shared link ``key``. All heads that reach the
         link at one instant are released in order of sender rank, after every other event of that instant
