@@ -58,7 +58,7 @@ class SimCluster:
     with P ranks (hierarchical). compute: a
     :class:`~sim.compute.ComputeModel` (default: all compute costs zero). fast: False runs every message
     hop by hop as its own SimPy process also where one event per message gives the same times (module
-    docstring); the results are the same either way.
+    docstring) and asks the compute model for every duration; the results are the same either way.
     Attributes: ``env`` (simpy.Environment, time in seconds), ``net`` (:class:`~sim.network.Network`),
     ``busy`` (float array (P, 3): seconds per rank in compute / compress / comm, cumulative).
     Raises SparsimError for P < 1.
@@ -79,7 +79,7 @@ class SimCluster:
         # the stock compute model's durations depend only on (kind, work), and forward_backward's on rank and
         # iteration only through jitter and stragglers: remembered per (kind, work) once computed (and validated)
         cm = self.compute
-        self._sec_memo: dict | None = {} if type(cm) is ComputeModel else None
+        self._sec_memo: dict | None = {} if fast and type(cm) is ComputeModel else None
         self._fb_fixed = type(cm) is ComputeModel and cm.jitter == "none" and cm.straggler_prob == 0.0
 
     # -- rendezvous matching ------------------------------------------------------------------
