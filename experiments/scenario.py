@@ -268,7 +268,7 @@ class Scenario(_Strict):
     algorithms: list[str] = Field(
         ["dense", "topk", "gtopk"], min_length=1,  # algorithms: the default comparison
         description="algorithms compared with identical data and seeds (`sparsim algorithms` lists them)")
-    algorithm: dict[str, dict[str, int | float | str]] = Field(
+    algorithm: dict[str, dict[str, bool | int | float | str]] = Field(
         {}, description="per-algorithm options, e.g. [algorithm.powersgd] rank = 4 (`sparsim algorithms` lists them)")
     cluster: ClusterCfg = ClusterCfg()
     compute: ComputeCfg = ComputeCfg()
@@ -405,11 +405,20 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     Raises ConfigError for a malformed override or an unknown key (naming it).
     """
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    if isinstance(out.get("algorithm"), dict):
+        out["algorithm"] = {n: dict(t) if isinstance(t, dict) else t for n, t in out["algorithm"].items()}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected dotted.key=value")
         key, text = item.split("=", 1)
         parts = key.strip().split(".")
+        if parts[0] == "algorithm":  # [algorithm.NAME] KEY = value: a table per algorithm (checked by the model)
+            if len(parts) != 3 or not all(parts):
+                raise ConfigError(f"--set {key}: expected algorithm.NAME.KEY=value (e.g. algorithm.powersgd.rank=4)")
+            table = out.setdefault("algorithm", {})
+            table[parts[1]] = dict(table.get(parts[1], {}))
+            table[parts[1]][parts[2]] = _parse_value(text.strip())
+            continue
         node, model = out, Scenario
         for i, p in enumerate(parts):
             fields = model.model_fields

@@ -167,3 +167,46 @@ def test_the_stray_list_check_finds_a_list():
         assert [re.sub(r".*:(\d+):.*", r"\1", b) for b in _stray(p)] == ["1", "2"]
     finally:
         p.unlink()
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["algorithm.powersgd.rank=0"], "powersgd.rank = 0 is out of range: valid 1 <= powersgd.rank"),
+    (["algorithm.oktopk.tau=0"], "oktopk.tau = 0 is out of range: valid 1 <= oktopk.tau"),
+    (['algorithm.dgc.warmup_densities="0.1, 0.5"'], "is not decreasing in density"),
+    (["algorithm.nope.x=1"], "algorithm = 'nope' is unknown: valid algorithms are dense, topk, gtopk"),
+    (["algorithm.powersgd.bogus=1"], "algorithm.powersgd.bogus is unknown: valid keys are collective, rank"),
+    (["algorithm.topk.collective=tree"], "algorithm.topk.collective = 'tree' is unknown: valid allgather"),
+    (["algorithm.powersgd=1"], "expected algorithm.NAME.KEY=value"),
+])
+def test_cli_bad_algorithm_options_are_one_line_exit_2(tmp_path, sets, needle):
+    from click.testing import CliRunner
+
+    from experiments.cli import main
+
+    args = ["run", "--out", str(tmp_path / "r"), "--quiet", "--algorithms", "powersgd,oktopk,dgc"]
+    for s in sets:
+        args += ["--set", s]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and needle in r.output, r.output
+    assert r.output.startswith("error:") and len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_cli_algorithm_options_reach_the_spec(tmp_path):
+    """--set algorithm.NAME.KEY and a TOML boolean reach AlgorithmSpec.options (the label shows PowerSGD's rank)."""
+    import csv
+    import json
+
+    from click.testing import CliRunner
+
+    from experiments.cli import main
+
+    out = tmp_path / "r"
+    r = CliRunner().invoke(main, ["run", "--out", str(out), "--quiet", "--algorithms", "powersgd",
+                                  "--set", "algorithm.powersgd.rank=2", "--set", "algorithm.powersgd.warm_start=false",
+                                  "--set", "training.iterations=3"])
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(open(out / "metrics.csv")))
+    assert {row["algorithm"] for row in rows} == {AlgorithmSpec("powersgd", options=(("rank", 2),)).label}
+    assert json.loads((out / "summary.json").read_text())["scenario"]["algorithm"] == {
+        "powersgd": {"rank": 2, "warm_start": False}}
