@@ -1,12 +1,25 @@
-"""Figures of a run (matplotlib, Agg backend; PNG and PDF)."""
+"""Figures of a run (matplotlib, Agg backend; PNG and PDF).
+
+:func:`run_figure` builds its figure as a bare ``matplotlib.figure.Figure`` (no pyplot: nothing is imported
+for a GUI, nothing is registered with a notebook's pyplot state, and ``savefig`` renders PNG with Agg and PDF
+with the PDF backend whatever the backend chosen). ``plt`` (matplotlib.pyplot, for the experiments' figures) is
+imported on first use: the CLI chooses the Agg backend (experiments.cli.main); a notebook keeps its own.
+"""
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-import matplotlib.pyplot as plt  # the CLI chooses the Agg backend (experiments.cli.main); a notebook keeps its own
-
 __all__ = ["run_figure", "figure_legend"]
+
+
+def __getattr__(name):
+    if name == "plt":  # matplotlib.pyplot, imported when an experiment first asks for it
+        import matplotlib.pyplot as plt
+
+        globals()["plt"] = plt
+        return plt
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def figure_legend(fig, handles, labels, fontsize: float = 9.5, suptitle: bool = False) -> None:
@@ -39,8 +52,11 @@ def run_figure(rows: list[dict], outdir: Path, title: str = "") -> list[Path]:
     beside the total selection and collective times; delta (Assumption 1
     ratio) over training for the sparse algorithms, with the delta = 1 line.
     """
+    from matplotlib.figure import Figure
+
     algs = _by_alg(rows)
-    fig, ax = plt.subplots(2, 3, figsize=(15, 8.5))
+    fig = Figure(figsize=(15, 8.5))
+    ax = fig.subplots(2, 3)
     colors = {name: f"C{i}" for i, name in enumerate(algs)}
     for name, rs in algs.items():
         kw = {"label": name, "color": colors[name]}
