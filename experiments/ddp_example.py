@@ -48,13 +48,15 @@ def train_job(ctx, iters: int, density: float, algorithm: str, lr: float, every:
 
 def main(argv=None):
     """Command-line entry point (see the module docstring)."""
+    from sim.algorithms import names
     from sim.torch_backend import launch_local
 
     ap = argparse.ArgumentParser(description="DDP + gTop-k hook on digits")
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--density", type=float, default=0.01)
-    ap.add_argument("--algorithm", default="gtopk", choices=["gtopk", "topk"])
+    ap.add_argument("--algorithm", default="gtopk", choices=list(names()),
+                    help="any registered algorithm (Top-k, gTop-k and rand-k asynchronous; the others on the p2p wire)")
     ap.add_argument("--lr", type=float, default=0.5)
     ap.add_argument("--every", type=int, default=20)
     ap.add_argument("--scope", default="parameter", choices=["parameter", "bucket", "model"])
@@ -63,6 +65,13 @@ def main(argv=None):
     if a.nproc < 1 or a.iters < 1 or a.every < 1 or not 0 < a.density <= 1 or not a.lr > 0 or a.start_iter < 0:
         ap.error(f"need --nproc >= 1 (got {a.nproc}), --iters >= 1 (got {a.iters}), --every >= 1 (got {a.every}), "
                  f"0 < --density <= 1 (got {a.density}), --lr > 0 (got {a.lr}), --start-iter >= 0 (got {a.start_iter})")
+    from sim.ddp_hooks import SparseState
+    from sim.errors import ConfigError
+
+    try:  # the options checked here, before any process starts: one line, exit 2
+        SparseState(None, a.algorithm, a.density, scope=a.scope, start_iter=a.start_iter)
+    except ConfigError as err:
+        ap.error(str(err))
     log, (hook_s, callback_s), applied = launch_local(
         a.nproc, train_job, (a.iters, a.density, a.algorithm, a.lr, a.every, a.scope, a.start_iter), timeout_s=60.0)[0]
     for t, loss, acc in log:

@@ -1,4 +1,4 @@
-"""Top-k, gTop-k and rand-k with error feedback as DistributedDataParallel communication hooks.
+"""Every registered algorithm as a DistributedDataParallel communication hook (Top-k, gTop-k, rand-k asynchronous).
 
 Two lines add gTop-k to an existing DDP training loop::
 
@@ -81,8 +81,12 @@ Algorithm 1 of Shi et al. (IJCAI 2019) exactly (tested bit-identical in float64)
 Limits: NaN/Inf in an accumulator raise :class:`~sim.errors.NonFiniteError` on that rank (its peers then
 wait for the process group's timeout): AMP's GradScaler, which expects inf gradients to pass through,
 is not supported. Sparse gradients (``nn.Embedding(sparse=True)``) are not supported (DDP gives no buffer).
-A new algorithm plugs in through :func:`register_hook_algorithm` (a selection function, combined by a
-sum or by the gTop-k merges).
+Every algorithm of the registry (:mod:`sim.algorithms`: PowerSGD, DGC, Ok-Topk, Gaussian-k, CLT-k, SparCML,
+dense) is a hook too: ``SparseState(pg, algorithm="powersgd", options={"rank": 4})`` runs
+:func:`sim.algorithms.sgd_step` per selection unit on the p2p wire (synchronous; the algorithm's own state per
+unit is kept in ``algo_state`` and checkpointed). An algorithm file gets the asynchronous path by defining
+:meth:`sim.algorithms.Algorithm.hook_select` and ``hook_combine``; a selection function can also be plugged in
+here with :func:`register_hook_algorithm` (combined by a sum or by the gTop-k merges).
 """
 from __future__ import annotations
 
@@ -94,7 +98,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .algorithms import AlgorithmSpec, sgd_step
+from .algorithms import RANDK_STREAM, REGISTRY, AlgorithmSpec, sgd_step
 from .errors import DIVERGENCE_LIMIT, ConfigError, NonFiniteError, SparsimError, check_range
 
 __all__ = ["SparseState", "SparseHookState", "sparse_hook", "register_sparse_hook", "dgc_warmup", "SCOPES",
@@ -108,52 +112,24 @@ SCOPES = ("parameter", "bucket", "model")
 WIRES = ("allgather", "p2p")
 #: ``format`` key of :meth:`SparseState.state_dict`.
 STATE_FORMAT = "sparsim.ddp_hooks.SparseState/1"
-#: Rand-k draw stream, as :func:`sim.algorithms.sgd_step` draws (``default_rng([seed, rank, t, RANDK_STREAM])``).
-RANDK_STREAM = 0x52414E44
 
 
 # ================================================================================ algorithms (plug-ins)
 
 
 def select_topk(acc, k: int, state=None):
-    """TopK(acc): the k largest |acc_i|, ties to the lower index, exact zeros never selected.
+    """TopK(acc) on a torch tensor (the Top-k and gTop-k hooks' selection): :func:`sim.algorithms.topk.
+    select_topk_torch` -- acc 1-D float tensor (n,), 1 <= k <= n; returns (idx int64 ascending, val), at most
+    k entries, ties to the lower index, exact zeros never selected. ``state`` is unused (the plug-in signature)."""
+    from .algorithms.topk import select_topk_torch
 
-    acc: 1-D float tensor (n,), no NaN; k: 1 <= k <= n. Returns (idx, val): int64 tensor (m,) ascending,
-    m <= k, and acc at idx (acc's dtype and device). On CPU (float32/float64) it is
-    :func:`sim.compression.topk` (the exact one-pass selection, numba when installed) on a zero-copy numpy view
-    of acc; elsewhere :func:`sim.torch_backend.topk_torch` (``torch.topk`` for the k-th magnitude, then the
-    tie rule) -- the same indices and values. ``state`` is unused (the plug-in signature). Raises
-    NonFiniteError naming the first NaN coordinate.
-    """
-    import torch
-
-    if acc.device.type == "cpu" and acc.dtype in (torch.float32, torch.float64):
-        from .compression import topk
-
-        s = topk(acc.detach().numpy(), int(k))
-        return torch.from_numpy(s.idx), torch.from_numpy(s.val)
-    from .torch_backend import topk_torch
-
-    return topk_torch(acc, int(k))
+    return select_topk_torch(acc, k)
 
 
 def select_randk(acc, k: int, state):
-    """RandK(acc): k coordinates drawn uniformly without replacement, exact zeros dropped
-    (:func:`sim.compression.randk`). The coordinates come from the state's per-iteration numpy generator
-    ``default_rng([seed, rank, t, RANDK_STREAM])`` (t = the 1-based iteration, rank = the rank in the hook's
-    process group), drawing ``rng.choice(n, k, replace=False)`` for the units in the order the hook
-    handles them -- with ``scope="model"`` exactly the draw of :func:`sim.algorithms.sgd_step`. Only the k
-    indices are drawn on the host; acc stays on its device. Returns (idx int64 ascending, val)."""
-    import torch
-
-    n = int(acc.shape[0])
-    sel = np.sort(state._rng().choice(n, size=int(k), replace=False)).astype(np.int64)
-    idx = torch.from_numpy(sel).to(acc.device)
-    val = acc[idx]
-    nz = val != 0
-    if not bool(nz.all()):
-        idx, val = idx[nz], val[nz]
-    return idx, val
+    """RandK(acc) on a torch tensor (the rand-k hook's selection): :meth:`sim.algorithms.randk.RandK.hook_select`
+    with the draw of ``state``'s per-iteration generator. Returns (idx int64 ascending, val)."""
+    return REGISTRY["randk"].hook_select(acc, k, state)
 
 
 @dataclass(frozen=True)
@@ -177,12 +153,12 @@ class HookAlgorithm:
     checks_all: bool = True
 
 
-#: Algorithms available as hooks, by name. Add one with :func:`register_hook_algorithm`.
+#: Algorithms with the asynchronous path (``wire="allgather"``), by name: those of the registry
+#: (:data:`sim.algorithms.REGISTRY`) that define one (:attr:`sim.algorithms.Algorithm.hook_combine`), plus any
+#: added with :func:`register_hook_algorithm`. Every other registered algorithm runs as a hook with ``wire="p2p"``.
 HOOK_ALGORITHMS: dict[str, HookAlgorithm] = {
-    "topk": HookAlgorithm(select_topk, "sum", ("allgather",), checks_all=False),
-    "gtopk": HookAlgorithm(select_topk, "gtopk", ("tree", "recursive_doubling"), checks_all=False),
-    "randk": HookAlgorithm(select_randk, "sum", ("allgather",), checks_all=True),
-}
+    name: HookAlgorithm(algo.hook_select, algo.hook_combine, tuple(algo.hook_collectives), algo.hook_checks_all)
+    for name, algo in REGISTRY.items() if algo.hook_combine is not None}
 
 
 def register_hook_algorithm(name: str, select: Callable, combine: str = "sum", *, collectives=("allgather",),
@@ -333,23 +309,30 @@ class SparseState:
     process_group: the process group the DDP model was built with (``ddp_model.process_group``); None: the
     default group (:func:`register_sparse_hook` fills in the model's). Everything else keyword or positional:
 
-    - algorithm: a key of :data:`HOOK_ALGORITHMS` ("topk", "gtopk", "randk"; default "gtopk").
+    - algorithm: any registered algorithm (:data:`sim.algorithms.REGISTRY`, ``sparsim algorithms`` lists them;
+      default "gtopk") or a name added with :func:`register_hook_algorithm`. Those of :data:`HOOK_ALGORITHMS`
+      (Top-k, gTop-k, rand-k) have the asynchronous path; the others (PowerSGD, DGC, Ok-Topk, ...) run
+      :func:`sim.algorithms.sgd_step` itself on the p2p wire.
     - density: fraction of each unit selected, 0 < density <= 1 (default 0.01): k = min(n, max(1, round(density n))).
     - k: a fixed k per unit instead (capped at the unit's size), integer >= 1; not with a density schedule.
     - scope: one of :data:`SCOPES` (default "parameter"; module docstring for each and why).
     - start_iter: iterations of plain allreduce before the sparse hook starts (>= 0, default 0).
     - density_schedule: densities (each in (0, 1], never increasing, none below ``density``) for the first
       sparse iterations, each held ``schedule_iters`` (>= 1) iterations; then ``density``. See :func:`dgc_warmup`.
-    - collective: gTop-k "tree" (default) or "recursive_doubling"; Top-k / rand-k "allgather".
+    - collective: gTop-k "tree" (default) or "recursive_doubling"; Top-k / rand-k "allgather"; on the p2p wire
+      any of the algorithm's collectives but "hierarchical" (the first is the default).
     - mask: gTop-k "exact" (default) or "reference" (the released code's rule, which can lose mass).
-    - wire: one of :data:`WIRES` (default "allgather": asynchronous; "p2p": the sans-I/O programs' messages,
-      synchronous, the exact wire pattern).
+    - wire: one of :data:`WIRES` (default "allgather" where the algorithm has that path, else "p2p": the sans-I/O
+      programs' messages, synchronous, the exact wire pattern).
+    - options: the algorithm's own options (dict, e.g. ``{"rank": 4}`` for PowerSGD; ``sparsim algorithms``
+      lists them with their ranges), p2p wire only. Algorithms that compress whole matrices or keep no k
+      (PowerSGD, dense) ignore density and k.
     - lr: step size folded into the accumulator (> 0, default 1.0). seed: rand-k's draw (integer >= 0).
     - timeout_s: seconds a p2p message may wait on a peer (> 0); the asynchronous wire uses the process
       group's own timeout.
 
     Attributes kept across steps: ``residuals`` (dict parameter name -> 1-D tensor, eps, float32 or float64,
-    on the gradient's device), ``iteration`` (completed steps, warm-up included), ``selected`` / ``applied``
+    on the gradient's device), ``algo_state`` (p2p wire: the algorithm's own state per selection unit), ``iteration`` (completed steps, warm-up included), ``selected`` / ``applied``
     (entries this rank sent / that reached g), ``busy`` (float64 array (3,), seconds in accumulation and
     sums / selection, packing and merges / blocked in p2p messages), ``hook_s`` and ``callback_s`` (seconds
     inside hook calls on the autograd thread and inside the asynchronous completions, which run while
@@ -359,10 +342,21 @@ class SparseState:
     def __init__(self, process_group=None, algorithm: str = "gtopk", density: float = 0.01, *, k: int | None = None,
                  scope: str = "parameter", start_iter: int = 0, density_schedule: Sequence[float] | None = None,
                  schedule_iters: int = 1, collective: str | None = None, mask: str = "exact",
-                 wire: str = "allgather", lr: float = 1.0, seed: int = 0, timeout_s: float = 60.0):
-        if algorithm not in HOOK_ALGORITHMS:
-            raise ConfigError(f"algorithm = {algorithm!r} is not a sparse hook: valid {', '.join(HOOK_ALGORITHMS)}")
-        algo = HOOK_ALGORITHMS[algorithm]
+                 wire: str | None = None, lr: float = 1.0, seed: int = 0, timeout_s: float = 60.0,
+                 options: dict | None = None):
+        if algorithm not in HOOK_ALGORITHMS and algorithm not in REGISTRY:
+            valid = sorted(set(HOOK_ALGORITHMS) | set(REGISTRY))
+            raise ConfigError(f"algorithm = {algorithm!r} is not a sparse hook: valid {', '.join(valid)}")
+        if wire is None:
+            wire = "allgather" if algorithm in HOOK_ALGORITHMS else "p2p"
+        if wire == "allgather" and algorithm not in HOOK_ALGORITHMS:
+            raise ConfigError(f"wire = 'allgather' for the {algorithm} hook: valid wire = 'p2p' (its asynchronous "
+                              f"path exists for {', '.join(HOOK_ALGORITHMS)})")
+        opts = dict(options or {})
+        if opts and wire != "p2p":
+            raise ConfigError(f"options {', '.join(sorted(opts))} for the {algorithm} hook on wire = {wire!r}: "
+                              "valid options only with wire = 'p2p' (the registry's algorithm runs them)")
+        algo = HOOK_ALGORITHMS.get(algorithm) if wire != "p2p" else None
         check_range("density", density, 0, 1, lo_open=True, err=ConfigError)
         if k is not None:
             if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
@@ -385,25 +379,36 @@ class SparseState:
                               "densities in (0, 1] that never increase, the last at or above density")
         if sched and k is not None:
             raise ConfigError(f"k = {k!r} with density_schedule = {sched!r}: valid one of them (k fixes every unit's k)")
-        coll = algo.collectives[0] if collective is None else collective
-        if coll not in algo.collectives:
+        colls = algo.collectives if algo is not None else tuple(
+            c for c in REGISTRY[algorithm].collectives if c != "hierarchical")
+        coll = colls[0] if collective is None else collective
+        if coll not in colls:
             raise ConfigError(f"collective = {collective!r} is not available for the {algorithm} hook: valid "
-                              f"{', '.join(algo.collectives)}")
+                              f"{', '.join(colls)}")
         if mask not in ("exact", "reference"):
             raise ConfigError(f"mask = {mask!r} is unknown: valid exact, reference")
         check_range("lr", lr, 0, lo_open=True, err=ConfigError)
         check_range("seed", seed, 0, err=ConfigError)
         check_range("timeout_s", timeout_s, 0, lo_open=True, err=ConfigError)
         if wire == "p2p":
-            AlgorithmSpec(algorithm, k=1, collective=coll, mask=mask)  # the p2p wire runs sgd_step: a name it knows
-            if algorithm == "randk" and scope != "model":
-                raise ConfigError(f"randk with wire = 'p2p' and scope = {scope!r}: sgd_step draws each unit from the "
-                                  "same generator; valid scope = 'model' (or wire = 'allgather')")
+            if algorithm not in REGISTRY:
+                raise ConfigError(f"algorithm = {algorithm!r} with wire = 'p2p': valid a registered algorithm "
+                                  f"({', '.join(REGISTRY)}; the p2p wire runs sim.algorithms.sgd_step)")
+            # the p2p wire runs sgd_step: the registry checks the collective, mask and options
+            opts = dict(AlgorithmSpec(algorithm, k=1, collective=coll, mask=mask, options=opts).options)
+            if REGISTRY[algorithm].uses_seed and REGISTRY[algorithm].sparse and scope != "model":
+                alt = " (or wire = 'allgather')" if algorithm in HOOK_ALGORITHMS else ""
+                raise ConfigError(f"{algorithm} with wire = 'p2p' and scope = {scope!r}: sgd_step draws each unit "
+                                  f"from the same generator; valid scope = 'model'{alt}")
         self.process_group = process_group
         self.algorithm, self.density, self.k, self.scope, self.wire = algorithm, float(density), k, scope, wire
         self.start_iter, self.density_schedule, self.schedule_iters = int(start_iter), sched, int(schedule_iters)
         self.collective, self.mask, self.lr, self.seed, self.timeout_s = coll, mask, float(lr), int(seed), float(timeout_s)
+        self.options = opts
         self.residuals: dict = {}
+        #: the p2p wire's algorithm state per selection unit (tuple of parameter names -> the dict that
+        #: :func:`sim.algorithms.sgd_step` keeps: PowerSGD's Q and generator, DGC's velocity, Ok-Topk's thresholds)
+        self.algo_state: dict = {}
         self.iteration = 0
         self.selected = 0
         self.applied = 0
@@ -500,7 +505,9 @@ class SparseState:
     def state_dict(self) -> dict:
         """This rank's state as plain types and CPU tensors (``torch.save`` / ``torch.load`` with the default
         ``weights_only=True`` work): format, algorithm, world_size, rank, iteration, selected, applied, params
-        (list of [name, numel]), residuals (dict name -> 1-D tensor). Raises ConfigError if not bound."""
+        (list of [name, numel]), residuals (dict name -> 1-D tensor), algorithm_state (the p2p wire's per-unit
+        algorithm state, pickled into a uint8 tensor so that ``weights_only`` loading accepts it). Raises
+        ConfigError if not bound."""
         if self._names is None:
             raise ConfigError("state_dict of an unbound SparseState: valid after register_sparse_hook(ddp_model, ...) "
                               "or state.bind(ddp_model)")
@@ -508,7 +515,8 @@ class SparseState:
         return {"format": STATE_FORMAT, "algorithm": self.algorithm, "world_size": int(P), "rank": int(rank),
                 "iteration": int(self.iteration), "selected": int(self.selected), "applied": int(self.applied),
                 "params": [[n, int(self._sizes[n])] for n in self._names],
-                "residuals": {n: t.detach().to("cpu", copy=True) for n, t in self.residuals.items()}}
+                "residuals": {n: t.detach().to("cpu", copy=True) for n, t in self.residuals.items()},
+                "algorithm_state": _pickled(self.algo_state)}
 
     def load_state_dict(self, sd: dict) -> None:
         """Restore a :meth:`state_dict` saved by the same rank of the same model and world size.
@@ -542,6 +550,7 @@ class SparseState:
                               "model's parameters")
         self.residuals = {n: t.detach().clone().reshape(-1) for n, t in res.items()}
         self._arenas = {}
+        self.algo_state = _unpickled(sd["algorithm_state"]) if "algorithm_state" in sd else {}
         self.iteration, self.selected, self.applied = int(sd["iteration"]), int(sd["selected"]), int(sd["applied"])
 
     # -- residual storage ------------------------------------------------------------------------------------
@@ -587,6 +596,29 @@ class SparseState:
             self.applied += applied
             if callback:
                 self.callback_s += dt
+
+
+def _pickled(obj):
+    """``obj`` pickled into a 1-D uint8 CPU tensor (a checkpoint entry ``torch.load(weights_only=True)`` reads)."""
+    import pickle
+
+    import torch
+
+    return torch.frombuffer(bytearray(pickle.dumps(obj, protocol=4)), dtype=torch.uint8)
+
+
+def _unpickled(t):
+    """Inverse of :func:`_pickled`. Raises ConfigError for a tensor that does not hold a pickled dict."""
+    import pickle
+
+    try:
+        obj = pickle.loads(t.detach().cpu().numpy().tobytes())
+    except Exception as err:  # noqa: BLE001 - any unpickling failure is a bad checkpoint
+        raise ConfigError(f"checkpoint algorithm_state is unreadable ({type(err).__name__}): valid the tensor "
+                          "SparseState.state_dict() wrote") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"checkpoint algorithm_state holds a {type(obj).__name__}: valid a dict")
+    return obj
 
 
 def _model_mismatch(names_a, sizes_a, names_b, sizes_b, what: str) -> str:
@@ -986,18 +1018,21 @@ def _model_offsets(state: SparseState) -> dict:
 # -------------------------------------------------------------------------------- p2p wire (synchronous)
 
 
-def _p2p_unit(state: SparseState, grad_np: np.ndarray, eps_np: np.ndarray, k: int, device: str, where: str):
-    """One sgd_step over a unit through the TorchTransport; returns its StepOutput."""
+def _p2p_unit(state: SparseState, grad_np: np.ndarray, eps_np: np.ndarray, k: int, device: str, where: str,
+              unit: tuple = ()):
+    """One sgd_step over the unit ``unit`` (its parameter names) through the TorchTransport, with the unit's
+    algorithm state (``state.algo_state[unit]``, updated); returns its StepOutput."""
     from .torch_backend import execute
 
     rank, P = state._group_rank_size()
     tr = _transport(state, device) if P > 1 else None
     spec = AlgorithmSpec(state.algorithm, k=k, collective=state.collective, mask=state.mask,
-                         value_bytes=grad_np.dtype.itemsize, index_bytes=8, seed=state.seed)
+                         value_bytes=grad_np.dtype.itemsize, index_bytes=8, seed=state.seed,
+                         options=tuple(state.options.items()))
     if tr is not None:
         tr.where = where
     prog = sgd_step(spec, rank, P, np.zeros_like(grad_np), eps_np, lambda v: grad_np, 1, state.lr,
-                    state.iteration + 1)
+                    state.iteration + 1, state.algo_state.setdefault(tuple(unit), {}))
     try:
         out = execute(prog, tr, state.busy)
     except NonFiniteError as err:
@@ -1040,7 +1075,7 @@ def _p2p_hook(state: SparseState, bucket, buf):
         state._grad_acc = None
         flat = state._arena(state._names, [state._sizes[n] for n in state._names], torch.device("cpu"), rdtype)
         out = _p2p_unit(state, _np(gacc), _np(flat).copy(), state.k_for(d), device,
-                        f"DDP step {state.iteration + 1}, whole model")
+                        f"DDP step {state.iteration + 1}, whole model", tuple(state._names))
         flat.copy_(torch.from_numpy(out.residual))
         upd = torch.from_numpy(out.update / P)
         for b, lay in lays:
@@ -1058,7 +1093,7 @@ def _p2p_hook(state: SparseState, bucket, buf):
     for off, n, names, sizes in groups:
         flat = state._arena(names, sizes, buf.device, rdtype)
         out = _p2p_unit(state, _np(grad[off:off + n]), _np(flat).copy(), state.k_for(n), device,
-                        f"DDP step {state.iteration + 1}, bucket {bucket.index()}")
+                        f"DDP step {state.iteration + 1}, bucket {bucket.index()}", tuple(names))
         flat.copy_(torch.from_numpy(out.residual))
         buf[off:off + n].copy_(torch.from_numpy(out.update / P))
     fut = torch.futures.Future()

@@ -3,7 +3,9 @@
 A 2-layer MLP on digits (four parameter tensors, float64, tiny DDP buckets so that a step has several buckets
 and DDP rebuilds them after the first) trained by DDP with the sparse hook (hook lr = alpha, SGD(lr=1.0))
 follows bit for bit, for every scope (parameter, bucket, model), wire (asynchronous allgather, synchronous p2p)
-and algorithm (Top-k, gTop-k tree / recursive doubling with both masks, rand-k):
+and algorithm (Top-k, gTop-k tree / recursive doubling with both masks, rand-k), and every other registered
+algorithm (PowerSGD, DGC, Ok-Topk, Gaussian-k, CLT-k, SparCML, dense) on the p2p wire over the whole model,
+with its own state carried from step to step:
 
 - the simulator: :func:`sim.algorithms.sgd_step` under the lock-step driver, step by step on the model vector
   in the order the hook saw it (buckets in DDP's order, as recorded), one segment per selection unit;
@@ -26,7 +28,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[torch]' (torch==2.13.0)")
 
-from sim.algorithms import AlgorithmSpec, sgd_step  # noqa: E402
+from sim.algorithms import AlgorithmSpec, names, sgd_step  # noqa: E402
 from sim.data import load_dataset, shard_indices  # noqa: E402
 from sim.drivers import run_lockstep  # noqa: E402
 from sim.runner import run_algorithm  # noqa: E402
@@ -39,7 +41,8 @@ CASES = [(a, c, m, s, w)
          for s in ("parameter", "bucket", "model")
          for a, c, m in (("topk", None, "exact"), ("gtopk", "tree", "exact"), ("gtopk", "recursive_doubling", "reference"))
          for w in ("allgather", "p2p")] + [("randk", None, "exact", s, "allgather") for s in ("parameter", "bucket", "model")] \
-    + [("randk", None, "exact", "model", "p2p")]
+    + [("randk", None, "exact", "model", "p2p")] \
+    + [(a, None, "exact", "model", "p2p") for a in names() if a not in ("topk", "gtopk", "randk")]
 
 
 def _setup(P, dtype=None, hidden=12):
@@ -115,7 +118,8 @@ def equality_cases(ctx, P, group=None, grank=None):
         if group is None and (scope == "model" or (scope == "parameter" and name != "randk")):
             segs = None if scope == "model" else tuple(p.numel() for p in model.parameters())
             spec = _spec(case, segs)
-            assert spec.segment_ks(w.d) == tuple(state.k_for(n) for n in (segs or (w.d,)))  # the same k rule
+            if spec.algorithm.sparse:
+                assert spec.segment_ks(w.d) == tuple(state.k_for(n) for n in (segs or (w.d,)))  # the same k rule
             backend = run_worker(ctx.rank, P, spec, w, T=T, lr=lambda t: LR, x0=flat_params(model),
                                  transport=ctx.transport, keep_trajectory=True, eval_every=T).trajectory
         out.append((traj, layouts, backend))
@@ -132,6 +136,7 @@ def _reference(P, case, layouts):
     offs = np.concatenate([[0], np.cumsum(sizes)])
     v = flat_params(model)
     eps = [np.zeros_like(v) for _ in range(P)]
+    states = [{} for _ in range(P)]  # each rank's algorithm state across steps (one unit: scope "model")
     scope = case[3]
     traj = []
     for t in range(1, T + 1):
@@ -146,7 +151,7 @@ def _reference(P, case, layouts):
         spec = _spec(case, segs)
         grads = [w.grad_fn(r, t)(v) for r in range(P)]
         outs = run_lockstep([sgd_step(spec, r, P, v[perm], eps[r][perm], (lambda g: lambda _v: g[perm])(grads[r]), 8,
-                                      LR, t) for r in range(P)])
+                                      LR, t, states[r] if scope == "model" else None) for r in range(P)])
         for r in range(P):
             eps[r][perm] = outs[r].residual
         v = v.copy()
@@ -216,8 +221,12 @@ def _check_warmup(P, got):
 # ------------------------------------------------------------------------------------ checkpoint / restart
 
 CKPT = [("gtopk", "tree", "exact", "parameter", "allgather"), ("gtopk", "recursive_doubling", "exact", "model", "allgather"),
-        ("randk", None, "exact", "model", "allgather"), ("topk", None, "exact", "parameter", "allgather")]
-CKPT_KW = [{}, {}, {}, dict(start_iter=3, density_schedule=(0.5, 0.2), schedule_iters=5)]
+        ("randk", None, "exact", "model", "allgather"), ("topk", None, "exact", "parameter", "allgather"),
+        # algorithms with their own state (PowerSGD's Q and generator, DGC's velocity, Ok-Topk's thresholds)
+        ("powersgd", None, "exact", "model", "p2p"), ("dgc", None, "exact", "model", "p2p"),
+        ("oktopk", None, "exact", "model", "p2p")]
+CKPT_KW = [{}, {}, {}, dict(start_iter=3, density_schedule=(0.5, 0.2), schedule_iters=5),
+           dict(options={"rank": 2}), {}, dict(options={"tau": 3, "repartition_period": 4})]
 
 
 def first_half_job(ctx, P, tmpdir):

@@ -111,7 +111,13 @@ def test_select_topk_is_topk_and_topk_torch():
 
 def test_state_options_and_one_line_errors():
     cases = [
-        (dict(algorithm="dense"), "algorithm = 'dense' is not a sparse hook: valid topk, gtopk, randk"),
+        (dict(algorithm="foo"), "algorithm = 'foo' is not a sparse hook: valid cltk, dense, dgc, gaussiank, gtopk,"),
+        (dict(algorithm="powersgd", wire="allgather"), "wire = 'allgather' for the powersgd hook: valid wire = 'p2p'"),
+        (dict(algorithm="powersgd", options={"rank": 0}), "rank = 0 is out of range"),
+        (dict(algorithm="powersgd", options={"ranks": 2}), "option 'ranks' is unknown for powersgd: valid"),
+        (dict(algorithm="oktopk", scope="model", options={"tau": 0}), "tau = 0 is out of range"),
+        (dict(algorithm="topk", options={"rank": 2}), "valid options only with wire = 'p2p'"),
+        (dict(algorithm="dgc", scope="parameter"), "dgc with wire = 'p2p' and scope = 'parameter'"),
         (dict(density=0.0), "density = 0.0 is out of range: valid 0 < density <= 1"),
         (dict(density=1.5), "density = 1.5 is out of range: valid 0 < density <= 1"),
         (dict(scope="layer"), "scope = 'layer' is unknown: valid parameter, bucket, model"),
@@ -138,6 +144,10 @@ def test_state_options_and_one_line_errors():
     assert [st.density_at(t) for t in range(2, 16)] == [0.25] * 3 + [0.0625] * 3 + [0.015625] * 3 + \
         [0.00390625] * 3 + [0.001] * 2
     assert st.k_for(10_000, iteration=2) == 2500 and st.k_for(10_000, iteration=40) == 10 and st.k_for(7, 40) == 1
+    # every registered algorithm is a hook: the ones without the asynchronous path default to the p2p wire
+    assert (SparseState(algorithm="powersgd").wire, SparseState(algorithm="topk").wire) == ("p2p", "allgather")
+    assert SparseState(algorithm="powersgd", options={"rank": 4}).options == {"rank": 4}
+    assert SparseState(algorithm="oktopk", scope="model").collective == "split_reduce_allgatherv"
     assert SparseState(k=50).k_for(25) == 25 and SparseState(density=0.1).k_for(25) == 2  # round half to even
     assert dgc_warmup(0.01, 4) == (0.25, 0.0625, 0.015625)
     # the previous version's state: per-bucket selection, synchronous point-to-point wire

@@ -258,6 +258,23 @@ class Algorithm:
     predict_columns: ClassVar[dict[str, str]] = {}
     #: shown by ``sparsim predict`` by default (rand-k costs what Top-k costs: False there)
     predict_default: ClassVar[bool] = True
+    #: The DDP hook's asynchronous path (:mod:`sim.ddp_hooks`, ``wire="allgather"``): None where the algorithm
+    #: has none (the hook then runs :func:`sgd_step` itself over point-to-point messages, ``wire="p2p"``), else
+    #: how the allgathered selections of :meth:`hook_select` are combined: ``"sum"`` (added in rank order,
+    #: eps = acc - own selection) or ``"gtopk"`` (the gTop-k merges replayed locally).
+    hook_combine: ClassVar[str | None] = None
+    #: collectives the asynchronous hook path accepts (the first is its default)
+    hook_collectives: ClassVar[tuple[str, ...]] = ("allgather",)
+    #: the asynchronous hook checks the whole accumulator for NaN/Inf (False: its selection always holds the
+    #: largest magnitude, so checking the selected values suffices)
+    hook_checks_all: ClassVar[bool] = True
+
+    def hook_select(self, acc, k: int, hook_state):
+        """The asynchronous DDP hook's selection (only where :attr:`hook_combine` is set): ``acc`` a 1-D float
+        torch tensor (n,) (the unit's accumulator; not modified), ``k`` its budget (1 <= k <= n), ``hook_state``
+        the :class:`sim.ddp_hooks.SparseState`. Returns (idx, val): int64 indices ascending (at most k,
+        distinct) and acc at them, on acc's device -- the same entries as :meth:`exchange`'s selection."""
+        raise NotImplementedError(f"{self.name} has no asynchronous DDP hook path (use wire='p2p')")
 
     # ------------------------------------------------------------------ naming and checks
     def scenario_settings(self, compression) -> dict:

@@ -31,6 +31,14 @@ class GTopK(Algorithm):
 
     aliases = {"gtopk_reference": {"mask": "reference"}}
     uses_mask = True
+    hook_combine = "gtopk"
+    hook_collectives = ("tree", "recursive_doubling")
+    hook_checks_all = False
+
+    def hook_select(self, acc, k, hook_state=None):
+        from .topk import select_topk_torch
+
+        return select_topk_torch(acc, k)
 
     def scenario_settings(self, compression):
         return {"collective": compression.gtopk_collective, "mask": compression.gtopk_mask}

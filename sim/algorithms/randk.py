@@ -28,6 +28,26 @@ class RandK(AllgatherSparse):
     predict_default = False  # its allgather costs what Top-k's does
     source = "Stich, Cordonnier and Jaggi, NeurIPS 2018 (Mem-SGD), Algorithm 1 with rand-k"
 
+    hook_combine = "sum"
+
+    def hook_select(self, acc, k, hook_state):
+        """RandK(acc) on a torch tensor: k coordinates drawn uniformly without replacement, exact zeros dropped.
+        The coordinates come from the hook state's per-iteration generator ``default_rng([seed, rank, t,
+        RANDK_STREAM])`` (t the 1-based iteration, rank in the hook's process group), ``rng.choice(n, k,
+        replace=False)`` for the units in the order the hook handles them -- with the hook's ``scope="model"``
+        exactly the draw of :meth:`select`. Only the k indices are drawn on the host; acc stays on its device.
+        Returns (idx int64 ascending, val)."""
+        import torch
+
+        n = int(acc.shape[0])
+        sel = np.sort(hook_state._rng().choice(n, size=int(k), replace=False)).astype(np.int64)
+        idx = torch.from_numpy(sel).to(acc.device)
+        val = acc[idx]
+        nz = val != 0
+        if not bool(nz.all()):
+            idx, val = idx[nz], val[nz]
+        return idx, val
+
     def select(self, spec, acc, k, ctx):
         rng = ctx.scratch.get("randk_rng")
         if rng is None:

@@ -104,5 +104,30 @@ class TopK(AllgatherSparse):
     summary = "Top-k S-SGD with error feedback: allgather of each worker's k largest entries"
     source = "Shi et al. IJCAI 2019, Algorithm 1 (TopK); Aji and Heafield 2017"
 
+    hook_combine = "sum"
+    hook_checks_all = False
+
     def select(self, spec, acc, k, ctx):
         return topk(acc, k)
+
+    def hook_select(self, acc, k, hook_state=None):
+        return select_topk_torch(acc, k)
+
+
+def select_topk_torch(acc, k: int):
+    """TopK(acc) on a torch tensor: the k largest |acc_i|, ties to the lower index, exact zeros never selected.
+
+    acc: 1-D float tensor (n,), no NaN; k: 1 <= k <= n. Returns (idx, val): int64 tensor (m,) ascending,
+    m <= k, and acc at idx (acc's dtype and device). On CPU (float32/float64) it is
+    :func:`sim.compression.topk` (the exact one-pass selection) on a zero-copy numpy view of acc; elsewhere
+    :func:`sim.torch_backend.topk_torch` (``torch.topk`` for the k-th magnitude, then the tie rule) -- the
+    same indices and values. Raises NonFiniteError naming the first NaN coordinate. Used by the DDP hooks of
+    Top-k and gTop-k (:mod:`sim.ddp_hooks`)."""
+    import torch
+
+    if acc.device.type == "cpu" and acc.dtype in (torch.float32, torch.float64):
+        s = topk(acc.detach().numpy(), int(k))
+        return torch.from_numpy(s.idx), torch.from_numpy(s.val)
+    from ..torch_backend import topk_torch
+
+    return topk_torch(acc, int(k))
