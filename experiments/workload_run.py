@@ -130,7 +130,7 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
                              "compress_s": float(res.compress_s[t]), "comm_s": float(res.comm_s[t]),
                              "loss": math.nan, "grad_norm_sq": math.nan, "stoch_grad_norm_sq": math.nan,
                              "residual_norm_sq": math.nan, "delta": None, "bytes_sent": res.bytes_per_rank,
-                             "applied_fraction": math.nan, "mass_error": math.nan, "aux_gap": math.nan,
+                             "applied_fraction": math.nan, "selected_per_worker": math.nan, "mass_error": math.nan, "aux_gap": math.nan,
                              "exposed_comm_s": float(res.exposed_comm_s[t]), "overlap_ratio": float(res.overlap_ratio[t])})
             totals[spec.label] = {
                 "iterations": T, "sim_time_s": float(clock[-1]), "mean_iter_time_s": float(res.iter_s.mean()),

@@ -46,7 +46,7 @@ ARRAYS_SHARED = 8
 METRIC_COLUMNS = (
     "algorithm", "iteration", "lr", "sim_time_s", "iter_time_s", "compute_s", "compress_s", "comm_s",
     "loss", "grad_norm_sq", "stoch_grad_norm_sq", "residual_norm_sq", "delta", "bytes_sent",
-    "applied_fraction", "mass_error", "aux_gap", "exposed_comm_s", "overlap_ratio", "run_id",
+    "applied_fraction", "selected_per_worker", "mass_error", "aux_gap", "exposed_comm_s", "overlap_ratio", "run_id",
 )
 
 
@@ -148,7 +148,9 @@ class StepStats:
     segment_mass_errors: float array (B,), entry b = max_{i in segment b} |sum_p acc_p - g - sum_p eps_p|_i
     over the segments of ``spec.segment_bounds(d)`` (B = 1, the whole vector, without segments).
     mass_error: their max, i.e. max_i |sum_p acc_p - g - sum_p eps_p|_i (the segments partition [0, d)), 0 up
-    to rounding for exact algorithms on every segment.
+    to rounding for exact algorithms on every segment. selected_per_worker: entries the workers sent in their
+    own selections this step, averaged over the P workers (k for Top-k; what the threshold kept for
+    Gaussian-k and DGC, which varies step to step; d for dense).
     """
 
     stoch_grad_norm_sq: float
@@ -159,6 +161,7 @@ class StepStats:
     mean_grad: np.ndarray
     mean_residual: np.ndarray
     segment_mass_errors: np.ndarray | None = None
+    selected_per_worker: float = math.nan
 
 
 def step_stats(spec: AlgorithmSpec, outs: list[StepOutput]) -> StepStats:
@@ -208,6 +211,7 @@ def step_stats(spec: AlgorithmSpec, outs: list[StepOutput]) -> StepStats:
         residual_norm_sq=float(eps @ eps),
         delta=delta,
         applied_fraction=(sum(o.n_applied for o in outs) / n_sel) if n_sel else 1.0,
+        selected_per_worker=n_sel / P,
         mass_error=float(np.max(seg_err)),
         mean_grad=G,
         mean_residual=eps,
@@ -463,6 +467,7 @@ def _row(spec, t, lr_t, now, dt, dbusy, loss, gn, st: StepStats | None, dbytes, 
         "delta": (st.delta if st and st.delta is not None else None),
         "bytes_sent": dbytes,
         "applied_fraction": st.applied_fraction if st else math.nan,
+        "selected_per_worker": st.selected_per_worker if st else 0.0,
         "mass_error": st.mass_error if st else 0.0,
         "aux_gap": aux_gap,
         # this model runs compute, selection and the collective one after another: nothing is hidden

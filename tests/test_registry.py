@@ -70,6 +70,23 @@ def test_every_rank_agrees_and_mass_is_accounted_for(P):
                 assert np.array_equal(o.v, outs[0].v) and np.array_equal(o.update, outs[0].update), spec
         if not REGISTRY[spec.name].drops_mass(spec):
             assert max(r["mass_error"] for r in rows) <= 1e-12, spec
+        # metrics.csv's selected_per_worker is the mean of what the workers sent, step by step
+        assert rows[0]["selected_per_worker"] == 0.0
+        for r, outs in zip(rows[1:], seen):
+            assert r["selected_per_worker"] == sum(o.n_selected for o in outs) / P, spec
+            if spec.name in ("topk", "gtopk") and spec.segments is None:
+                assert r["selected_per_worker"] == 5  # k, the sines' accumulators have no exact zeros
+            if spec.name == "dense":
+                assert r["selected_per_worker"] == 24  # d
+
+
+def test_gaussiank_reports_the_count_its_threshold_keeps():
+    """Gaussian-k selects what its threshold keeps (about k, not exactly): the per-step count varies and is
+    what metrics.csv reports."""
+    w, x0 = _workers(4)
+    rows = run_algorithm(AlgorithmSpec("gaussiank", k=5), w, T=12, lr=lambda t: 0.05, x0=x0, driver="lockstep")
+    counts = [r["selected_per_worker"] for r in rows[1:]]
+    assert all(0 < c <= 24 for c in counts) and len(set(counts)) > 1, counts
 
 
 def test_single_segment_is_whole_model_selection():
