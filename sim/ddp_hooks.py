@@ -221,39 +221,87 @@ def merge_torch(a, b, k: int):
     return idx[keep], val[keep]
 
 
-def gtopk_replay(sels: list, k: int, rank: int, collective: str = "tree", exact: bool = True):
+def gtopk_replay(sels: list, k: int, rank: int, collective: str = "tree", exact: bool = True, *,
+                 impl: str | None = None):
     """The result of a gTop-k collective, computed locally from every rank's selection.
 
     sels: P pairs (idx int64 ascending, val float), rank q's TopK(acc_q) (exact zeros removed), as an allgather
     delivers them. Replays the merges of :func:`sim.collectives.gtopk_tree` (binomial reduce to rank 0,
     ``collective="tree"``) or :func:`sim.collectives.gtopk_rd` (MPICH recursive doubling with the fold for P
-    not a power of two, ``"recursive_doubling"``) in their order, with :func:`merge_torch`, and tracks which of
-    ``rank``'s entries survive every merge they enter (the exact mask's rule). Returns (g_idx, g_val, applied):
-    g identical on every rank, applied a bool tensor over sels[rank] (exact: survived every merge;
-    ``exact=False``: the released code's rule, own index in the support of g). Bit for bit what the sans-I/O
-    collective returns on ``rank`` (tests/test_ddp_hooks_ops.py). Raises ConfigError for another collective.
+    not a power of two, ``"recursive_doubling"``) in their order, and tracks which of ``rank``'s entries
+    survive every merge they enter (the exact mask's rule). Returns (g_idx, g_val, applied): g identical on
+    every rank, applied a bool tensor over sels[rank] (exact: survived every merge; ``exact=False``: the
+    released code's rule, own index in the support of g). Bit for bit what the sans-I/O collective returns
+    on ``rank`` (tests/test_ddp_hooks_ops.py, both implementations).
+
+    impl: ``"numpy"`` -- :func:`sim.compression.merge` itself on zero-copy numpy views (CPU tensors only; the
+    default there: about 4x faster than the torch operations for the hook's selections, which are small
+    and many); ``"torch"`` -- :func:`merge_torch` on the tensors' device (the default elsewhere).
+    Raises ConfigError for another collective or impl.
     """
     import torch
 
+    if impl is None:
+        impl = "numpy" if all(i.device.type == "cpu" and v.dtype in (torch.float32, torch.float64)
+                              for i, v in sels) else "torch"
+    if impl == "numpy":
+        g_idx, g_val, alive = _replay_numpy([(i.numpy(), v.detach().numpy()) for i, v in sels], k, rank,
+                                            collective, exact)
+        return torch.from_numpy(g_idx), torch.from_numpy(g_val), torch.from_numpy(alive)
+    if impl != "torch":
+        raise ConfigError(f"impl = {impl!r} is unknown: valid numpy, torch")
+
+    def member(a, b):
+        return torch.isin(a, b)
+
+    def ones(a):
+        return torch.ones(a.shape[0], dtype=torch.bool, device=a.device)
+
+    return _replay(sels, k, rank, collective, exact, lambda a, b: merge_torch(a, b, k), member, ones)
+
+
+def _replay_numpy(sels: list, k: int, rank: int, collective: str, exact: bool):
+    """:func:`gtopk_replay` on numpy (idx int64, val) pairs with :func:`sim.compression.merge`; returns numpy
+    (g_idx, g_val, applied)."""
+    from .compression import Sparse, merge
+
+    d = max([k] + [int(i[-1]) + 1 for i, _ in sels if i.shape[0]])  # merge checks k <= d only
+
+    def merge_np(a, b):
+        m = merge(Sparse(a[0], a[1], d), Sparse(b[0], b[1], d), k)
+        return m.idx, m.val
+
+    def member(a, b):  # a, b ascending without repeats: a_i in b
+        if b.shape[0] == 0:
+            return np.zeros(a.shape[0], dtype=bool)
+        pos = np.minimum(np.searchsorted(b, a), b.shape[0] - 1)
+        return b[pos] == a
+
+    return _replay(sels, k, rank, collective, exact, merge_np, member, lambda a: np.ones(a.shape[0], dtype=bool))
+
+
+def _replay(sels: list, k: int, rank: int, collective: str, exact: bool, merge_fn, member, ones):
+    """The merge order of :func:`gtopk_replay` with the operations given: merge_fn(a, b) -> merged pair,
+    member(a, b) -> bool over a (a_i in b), ones(a) -> all-True over a."""
     from .collectives import binomial_reduce_schedule, rd_schedule
 
     P = len(sels)
     cur = list(sels)
     own_idx = sels[rank][0]
-    alive = torch.ones(own_idx.shape[0], dtype=torch.bool, device=own_idx.device)
+    alive = ones(own_idx)
     holder = rank
     ranks = np.arange(P)
 
     def survive(at: int):
         nonlocal alive
         if exact and alive.any():
-            alive &= torch.isin(own_idx, cur[at][0])
+            alive &= member(own_idx, cur[at][0])
 
     if collective == "tree":
         for _, _, src in binomial_reduce_schedule(ranks, P):
             for r in np.flatnonzero(src >= 0):
                 s = int(src[r])
-                cur[r] = merge_torch(cur[r], cur[s], k)
+                cur[r] = merge_fn(cur[r], cur[s])
                 if holder in (r, s):
                     holder = int(r)
                     survive(holder)
@@ -263,7 +311,7 @@ def gtopk_replay(sels: list, k: int, rank: int, collective: str = "tree", exact:
             if phase == "fold":
                 for r in np.flatnonzero(src >= 0):
                     s = int(src[r])
-                    cur[r] = merge_torch(cur[r], cur[s], k)
+                    cur[r] = merge_fn(cur[r], cur[s])
                     if holder in (r, s):
                         holder = int(r)
                         survive(holder)
@@ -272,7 +320,7 @@ def gtopk_replay(sels: list, k: int, rank: int, collective: str = "tree", exact:
                 for r in np.flatnonzero(dst >= 0):
                     q = int(dst[r])
                     if r < q:  # the merge is commutative bit for bit: once per pair
-                        new[r] = new[q] = merge_torch(cur[r], cur[q], k)
+                        new[r] = new[q] = merge_fn(cur[r], cur[q])
                 cur = new
                 if dst[holder] >= 0:
                     survive(holder)
@@ -280,7 +328,7 @@ def gtopk_replay(sels: list, k: int, rank: int, collective: str = "tree", exact:
     else:
         raise ConfigError(f"collective = {collective!r} is not a gTop-k hook collective: valid tree, recursive_doubling")
     if not exact:
-        alive = torch.isin(own_idx, g[0])
+        alive = member(own_idx, g[0])
     return g[0], g[1], alive
 
 
@@ -860,28 +908,70 @@ def _gather(state: SparseState, packed, P: int):
 def _combine_into(state: SparseState, out, units, rows, P: int, rank: int):
     """Fill ``out`` (zeros, the residual dtype, the concatenated units' length) with g / P from the gathered
     rows [(vals, idx)] by rank, and update the residuals of gTop-k units. units: [(offset in out, n, k, slot
-    start, flat, own (idx, val))]. Returns (selected, applied) of this rank."""
+    start, flat, own (idx, val))]. Returns (selected, applied) of this rank.
+
+    On the CPU the index operations run on zero-copy numpy views of the same tensors (``np.add.at`` for
+    ``index_add_``, :func:`_replay_numpy` for the merges): torch's CPU indexing cost several times more at the
+    hook's sizes; the operations and their order are the same, so are the bits."""
     import torch
 
+    cpu = out.device.type == "cpu"
     if state.spec.combine == "sum":
-        for vals, idx in rows:  # padding slots are (index 0, +0.0): adding them changes no bit
-            out.index_add_(0, idx, vals)
-        u = torch.cat([idx for _, idx in rows])
-        out[u] = _divide(out[u], P)
+        # padding slots are (index 0, +0.0): adding them changes no bit; every rank's row is added in rank order
+        if cpu:
+            o = out.numpy()
+            for vals, idx in rows:
+                np.add.at(o, idx.numpy(), vals.numpy())
+        else:
+            for vals, idx in rows:
+                out.index_add_(0, idx, vals)
+        entries = sum(int(idx.shape[0]) for _, idx in rows)
+        if entries * 64 >= out.shape[0]:
+            # the entries off the union are +0.0 and stay +0.0: one division of the whole buffer costs less
+            # than gathering and scattering the union (the same division of each entry of it)
+            out.div_(torch.full((1,), float(P), dtype=out.dtype, device=out.device))
+        elif cpu:
+            u = np.concatenate([idx.numpy() for _, idx in rows])
+            o[u] = o[u] / o.dtype.type(P)
+        else:
+            u = torch.cat([idx for _, idx in rows])
+            out[u] = _divide(out[u], P)
         return 0, 0
     exact = state.mask == "exact"
     applied = 0
+    if cpu:
+        o = out.numpy()
+        rows_np = [(vals.numpy(), idx.numpy()) for vals, idx in rows]
+        for off, n, k, s0, flat, own in units:
+            sels = []
+            for vals, idx in rows_np:
+                v, i = vals[s0:s0 + k], idx[s0:s0 + k]
+                nz = v != 0
+                sels.append((i[nz] - off, v[nz]))
+            g_idx, g_val, alive = _replay_numpy(sels, k, rank, state.collective, exact)
+            flat.numpy()[own[0].numpy()[alive]] = 0
+            applied += int(np.count_nonzero(alive))
+            o[off + g_idx] = g_val / g_val.dtype.type(P)
+        return 0, applied
     for off, n, k, s0, flat, own in units:
         sels = []
         for vals, idx in rows:
             v, i = vals[s0:s0 + k], idx[s0:s0 + k]
             nz = v != 0
             sels.append((i[nz] - off, v[nz]))
-        g_idx, g_val, alive = gtopk_replay(sels, k, rank, state.collective, exact)
+        g_idx, g_val, alive = gtopk_replay(sels, k, rank, state.collective, exact, impl="torch")
         flat[own[0][alive]] = 0
         applied += int(alive.sum())
         out[off + g_idx] = _divide(g_val, P)
     return 0, applied
+
+
+def _zero_at(flat, i) -> None:
+    """flat[i] = 0 (on the CPU through numpy views: torch's CPU index_put costs several times more)."""
+    if flat.device.type == "cpu":
+        flat.numpy()[i.numpy()] = 0
+    else:
+        flat[i] = 0
 
 
 def _launch(state: SparseState, units, total: int, slots: int, device, rdtype, finish, target=None):
@@ -894,10 +984,17 @@ def _launch(state: SparseState, units, total: int, slots: int, device, rdtype, f
     idtype = _index_dtype(total)
     vals = torch.zeros(slots, dtype=rdtype, device=device)
     idx = torch.zeros(slots, dtype=idtype, device=device)
-    for off, n, k, s0, flat, (i, v) in units:
-        m = int(i.shape[0])
-        vals[s0:s0 + m] = v
-        idx[s0:s0 + m] = i + off
+    if vals.device.type == "cpu":
+        vn, inn = vals.numpy(), idx.numpy()
+        for off, n, k, s0, flat, (i, v) in units:
+            m = int(i.shape[0])
+            vn[s0:s0 + m] = v.numpy()
+            inn[s0:s0 + m] = i.numpy() + off
+    else:
+        for off, n, k, s0, flat, (i, v) in units:
+            m = int(i.shape[0])
+            vals[s0:s0 + m] = v
+            idx[s0:s0 + m] = i + off
     fut, outs = _gather(state, _pack(vals, idx), P)
 
     def done(f):
@@ -932,7 +1029,7 @@ def _unit_hook(state: SparseState, bucket, buf):
         k = state.k_for(n)
         i, v = _select(state, flat, k, _where(state, bucket, pname))
         if state.spec.combine == "sum":
-            flat[i] = 0  # eps = acc - Sel(acc): every selected entry is applied
+            _zero_at(flat, i)  # eps = acc - Sel(acc): every selected entry is applied
         units.append((off, n, k, s0, flat, (i, v)))
         s0 += k
         sel += int(i.shape[0])
@@ -978,7 +1075,7 @@ def _model_hook(state: SparseState, bucket, buf):
     i, v = _select(state, flat, k, f"iteration {state.iteration + 1}, whole model")
     is_sum = state.spec.combine == "sum"
     if is_sum:
-        flat[i] = 0
+        _zero_at(flat, i)
     pending, state._pending = state._pending, []
     state._add(0, t1 - t0)
     state._add(1, time.perf_counter() - t1, selected=int(i.shape[0]), applied=int(i.shape[0]) if is_sum else 0)

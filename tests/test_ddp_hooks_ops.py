@@ -48,7 +48,8 @@ def test_merge_torch_is_merge(dtype):
 
 @pytest.mark.parametrize("collective", ["tree", "recursive_doubling"])
 @pytest.mark.parametrize("exact", [True, False])
-def test_gtopk_replay_is_the_collective(collective, exact):
+@pytest.mark.parametrize("impl", ["numpy", "torch"])
+def test_gtopk_replay_is_the_collective(collective, exact, impl):
     rng = np.random.default_rng(1)
     coll = gtopk_tree if collective == "tree" else gtopk_rd
     for trial in range(60):
@@ -63,34 +64,46 @@ def test_gtopk_replay_is_the_collective(collective, exact):
         ref = run_lockstep([coll(r, P, sels[r], k, exact=exact) for r in range(P)])
         tsels = [_t(s) for s in sels]
         for r in range(P):
-            gi, gv, applied = gtopk_replay(tsels, k, r, collective, exact)
+            gi, gv, applied = gtopk_replay(tsels, k, r, collective, exact, impl=impl)
             assert np.array_equal(gi.numpy(), ref[r].g.idx), (trial, P, r)
             assert gv.numpy().tobytes() == ref[r].g.val.tobytes(), (trial, P, r)
             assert np.array_equal(applied.numpy(), ref[r].applied), (trial, P, r, collective, exact)
 
 
 def test_allgather_sum_in_rank_order_is_topk_allgather_sum():
-    """The hook's sum (index_add_ per rank, padding slots (0, +0.0), division on the union) equals
-    topk_allgather_sum / P bit for bit."""
-    from sim.ddp_hooks import _divide
+    """The hook's sum (:func:`sim.ddp_hooks._combine_into`: each rank's row added in rank order, padding slots
+    (0, +0.0), the division on the union or, when the rows are dense enough, on the whole buffer) equals
+    topk_allgather_sum / P bit for bit; also with the torch operations the GPU runs (index_add_, division on
+    the union)."""
+    from types import SimpleNamespace
 
+    from sim.ddp_hooks import _combine_into, _divide
+
+    state = SimpleNamespace(spec=SimpleNamespace(combine="sum"))
     rng = np.random.default_rng(2)
-    for trial in range(100):
-        P, d = int(rng.integers(1, 7)), int(rng.integers(1, 50))
-        k = int(rng.integers(1, d + 1))
-        sels = [topk(rng.choice([-1.0, 1.0, 0.5, 0.0], size=d) if trial % 2 else rng.standard_normal(d), k)
-                for _ in range(P)]
-        want = run_lockstep([topk_allgather_sum(r, P, sels[r], 8, 8) for r in range(P)])[0] / P
-        out = torch.zeros(d, dtype=torch.float64)
+    for trial in range(200):
+        P = int(rng.integers(1, 7))
+        d = int(rng.integers(1, 50)) if trial % 2 else int(rng.integers(100, 5000))
+        k = int(rng.integers(1, d + 1)) if trial % 4 < 2 else int(rng.integers(1, max(2, d // (64 * P))))
+        dtype = np.float64 if trial % 3 else np.float32
+        sels = [topk((rng.choice([-1.0, 1.0, 0.5, 0.0], size=d) if trial % 2 else rng.standard_normal(d)
+                      ).astype(dtype), k) for _ in range(P)]
+        want = run_lockstep([topk_allgather_sum(r, P, sels[r], 8, 8) for r in range(P)])[0] / dtype(P)
+        assert want.dtype == dtype
         rows = []
         for s in sels:
-            vals, idx = torch.zeros(k, dtype=torch.float64), torch.zeros(k, dtype=torch.int64)
+            vals, idx = torch.zeros(k, dtype=torch.from_numpy(want).dtype), torch.zeros(k, dtype=torch.int64)
             vals[:len(s)], idx[:len(s)] = torch.from_numpy(s.val), torch.from_numpy(s.idx)
             rows.append((vals, idx))
-            out.index_add_(0, idx, vals)
-        u = torch.cat([i for _, i in rows])
-        out[u] = _divide(out[u], P)
+        out = torch.zeros(d, dtype=vals.dtype)
+        _combine_into(state, out, [], rows, P, 0)
         assert out.numpy().tobytes() == want.tobytes(), trial
+        ref = torch.zeros(d, dtype=vals.dtype)  # the torch operations of the device path
+        for vals, idx in rows:
+            ref.index_add_(0, idx, vals)
+        u = torch.cat([i for _, i in rows])
+        ref[u] = _divide(ref[u], P)
+        assert ref.numpy().tobytes() == want.tobytes(), trial
 
 
 def test_select_topk_is_topk_and_topk_torch():
