@@ -384,7 +384,9 @@ class SparseState:
     (entries this rank sent / that reached g), ``busy`` (float64 array (3,), seconds in accumulation and
     sums / selection, packing and merges / blocked in p2p messages), ``hook_s`` and ``callback_s`` (seconds
     inside hook calls on the autograd thread and inside the asynchronous completions, which run while
-    backward continues). Raises ConfigError (one line naming the value and the valid range) for any bad option.
+    backward continues), ``hook_cpu_s`` and ``callback_cpu_s`` (the same as CPU seconds of the thread that ran
+    them, ``time.thread_time``: the hook's own work, without the time other threads and processes held the
+    core or the GIL). Raises ConfigError (one line naming the value and the valid range) for any bad option.
     """
 
     def __init__(self, process_group=None, algorithm: str = "gtopk", density: float = 0.01, *, k: int | None = None,
@@ -463,6 +465,8 @@ class SparseState:
         self.busy = np.zeros(3)
         self.hook_s = 0.0
         self.callback_s = 0.0
+        self.hook_cpu_s = 0.0
+        self.callback_cpu_s = 0.0
         self._names: list | None = None  # bound parameter names, in module.parameters() order
         self._sizes: dict = {}
         self._world: int | None = None
@@ -491,6 +495,8 @@ class SparseState:
         """As ``PowerSGDState``: the process group becomes the default group; bind the state to the model again
         (:func:`register_sparse_hook` with ``state=``) before training."""
         self.__dict__.update(state)
+        self.__dict__.setdefault("hook_cpu_s", 0.0)  # states pickled before these counters existed
+        self.__dict__.setdefault("callback_cpu_s", 0.0)
         self._init_runtime()
 
     # -- configuration -------------------------------------------------------------------------------------
@@ -637,13 +643,14 @@ class SparseState:
             self._rng_state = (t, np.random.default_rng([self.seed, rank, t, RANDK_STREAM]))
         return self._rng_state[1]
 
-    def _add(self, busy_i: int, dt: float, selected: int = 0, applied: int = 0, callback: bool = False):
+    def _add(self, busy_i: int, dt: float, selected: int = 0, applied: int = 0, callback: float | None = None):
         with self._lock:
             self.busy[busy_i] += dt
             self.selected += selected
             self.applied += applied
-            if callback:
+            if callback is not None:  # the completion's thread CPU seconds
                 self.callback_s += dt
+                self.callback_cpu_s += callback
 
 
 def _pickled(obj):
@@ -821,7 +828,7 @@ def sparse_hook(state: SparseState, bucket):
     "allgather"), completed for the p2p wire. Raises ConfigError for an unsupported dtype or a parameter of
     another model, NonFiniteError for NaN/Inf accumulators, WorkerFailure when a p2p peer fails.
     """
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     buf = bucket.buffer()
     try:
         if state.iteration < state.start_iter:
@@ -839,6 +846,7 @@ def sparse_hook(state: SparseState, bucket):
         if bucket.is_last():
             state.iteration += 1
         state.hook_s += time.perf_counter() - t0
+        state.hook_cpu_s += time.thread_time() - c0
 
 
 def _fail_pending(state: SparseState, err: BaseException) -> None:
@@ -998,13 +1006,14 @@ def _launch(state: SparseState, units, total: int, slots: int, device, rdtype, f
     fut, outs = _gather(state, _pack(vals, idx), P)
 
     def done(f):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         f.wait()
         rows = [_unpack(o, slots, rdtype, idtype) for o in outs]
         out = torch.zeros(total, dtype=rdtype, device=device) if target is None else target.zero_()
         _, applied = _combine_into(state, out, units, rows, P, rank)
         res = finish(out)
-        state._add(0 if state.spec.combine == "sum" else 1, time.perf_counter() - t0, applied=applied, callback=True)
+        state._add(0 if state.spec.combine == "sum" else 1, time.perf_counter() - t0, applied=applied,
+                   callback=time.thread_time() - c0)
         return res
 
     return fut.then(done)
