@@ -13,6 +13,7 @@ from __future__ import annotations
 import operator
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
@@ -259,6 +260,32 @@ def _synthetic_epsilon(n: int, d: int, seed: int, rows: int) -> tuple[np.ndarray
     return X, y
 
 
+def _digits_raw() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as ``sklearn.datasets.load_digits`` returns them: ``(data, target)``, data float64
+    ``(1797, 64)`` (pixel counts 0..16), target int ``(1797,)`` (0..9).
+
+    Read from the file load_digits reads (``sklearn/datasets/data/digits.csv.gz``) the way it reads it
+    (``np.loadtxt`` with ``delimiter=","``, the last column the target), so the same bits, but without importing
+    scikit-learn, whose import (about 1 s here, scipy.stats included) was the largest part of the default
+    scenario's start-up. Where the file is not at that place, load_digits itself is called.
+    """
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        path = Path(loc) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with open(path, "rb") as fh, gzip.open(fh, mode="rt", encoding="utf-8") as text:
+                data = np.loadtxt(text, delimiter=",")
+            return data[:, :-1], data[:, -1].astype(int, copy=False)
+    from sklearn.datasets import load_digits
+
+    raw = load_digits()
+    return raw.data, raw.target
+
+
 def load_dataset(
     name: str,
     path: str | os.PathLike | None = None,
@@ -312,11 +339,9 @@ def load_dataset(
         y, C = np.asarray(raw.target, dtype=np.int64), 2
         source = "sklearn.datasets.load_breast_cancer (UCI WDBC), features standardised"
     elif name == "digits":
-        from sklearn.datasets import load_digits
-
-        raw = load_digits()
-        X = np.asarray(raw.data, dtype=np.float64) / 16.0
-        y, C = np.asarray(raw.target, dtype=np.int64), 10
+        data, target = _digits_raw()
+        X = np.asarray(data, dtype=np.float64) / 16.0
+        y, C = np.asarray(target, dtype=np.int64), 10
         source = "sklearn.datasets.load_digits (UCI optical digits 8x8), pixels / 16"
     elif name == "libsvm":
         X, y, C, source = _load_libsvm(path)

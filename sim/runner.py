@@ -11,7 +11,7 @@ Metrics row columns (units): see :data:`METRIC_COLUMNS` and the README.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -42,6 +42,9 @@ CLOCK_RTOL = 1e-6
 ARRAYS_PER_RANK = 12
 ARRAYS_SHARED = 8
 
+#: Bytes of mini-batch indices a :class:`Workers` keeps for the run's next algorithm (64 MiB: 4 million indices).
+BATCH_MEMO_BYTES = 64 * 2**20
+
 #: Column order of metrics.csv; units in the README.
 METRIC_COLUMNS = (
     "algorithm", "iteration", "lr", "sim_time_s", "iter_time_s", "compute_s", "compress_s", "comm_s",
@@ -63,6 +66,9 @@ class Workers:
     shards: list
     b: int
     seed: int
+    #: iteration -> :meth:`batch_indices`'s array, kept while they fit in :data:`BATCH_MEMO_BYTES`: a run's
+    #: algorithms draw the same mini-batches one after another (the default scenario: 3 x 400 x 8 draws)
+    _batch_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def grad_fn(self, rank: int, iteration: int) -> Callable[[np.ndarray], np.ndarray]:
         """Worker ``rank``'s stochastic gradient at ``iteration``: v -> mean of grad f_i over its batch.
@@ -73,8 +79,19 @@ class Workers:
         return lambda v: self.objective.batch_grad(v, idx)
 
     def batch_indices(self, iteration: int) -> np.ndarray:
-        """Every worker's mini-batch at ``iteration``: int64 array (P, b), row r = ``grad_fn(r, iteration)``'s."""
-        return np.stack([minibatch(s, self.b, self.seed, r, iteration) for r, s in enumerate(self.shards)])
+        """Every worker's mini-batch at ``iteration``: int64 array (P, b), row r = ``grad_fn(r, iteration)``'s.
+
+        The draws depend only on (seed, rank, iteration) (:func:`sim.data.minibatch`), so each iteration's array
+        is drawn once and kept (read-only) for the next algorithm of the run, up to :data:`BATCH_MEMO_BYTES` in
+        all; beyond that the draws are made again, with the same result."""
+        memo = self._batch_memo
+        got = memo.get(iteration)
+        if got is None:
+            got = np.stack([minibatch(s, self.b, self.seed, r, iteration) for r, s in enumerate(self.shards)])
+            if (len(memo) + 1) * got.nbytes <= BATCH_MEMO_BYTES:
+                got.flags.writeable = False
+                memo[iteration] = got
+        return got
 
 
 class BatchedGradients:

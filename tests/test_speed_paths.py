@@ -7,7 +7,9 @@ no wall-time assertions):
   traffic (SendRecv permutations with self-messages, Send/Recv pairs, random sizes including 0 bytes, jittered
   compute, start offsets) with and without a time quantum, and the same metrics rows for every registered
   algorithm and flat collective;
-- save_figure without tight_layout's placeholder layout engine writes the same PNG and PDF bytes.
+- save_figure without tight_layout's placeholder layout engine writes the same PNG and PDF bytes;
+- the digits read without importing scikit-learn are load_digits' bits; the mini-batches a Workers keeps for the
+  run's next algorithm are the fresh draws; the gTop-k survival lookup's binary search gives np.isin's booleans.
 """
 from __future__ import annotations
 
@@ -207,3 +209,58 @@ def test_save_figure_writes_the_bytes_savefig_writes_with_the_layout_placeholder
     save_figure(make(), tmp_path, "new")
     assert (tmp_path / "new.png").read_bytes() == (tmp_path / "ref.png").read_bytes()
     assert (tmp_path / "new.pdf").read_bytes() == (tmp_path / "ref.pdf").read_bytes()
+
+
+def test_digits_read_without_sklearn_equal_load_digits_bit_for_bit():
+    from sklearn.datasets import load_digits
+
+    from sim.data import _digits_raw, load_dataset
+
+    data, target = _digits_raw()
+    ref = load_digits()
+    assert data.dtype == ref.data.dtype and data.shape == ref.data.shape == (1797, 64)
+    assert data.tobytes() == np.ascontiguousarray(ref.data).tobytes()
+    assert target.dtype == ref.target.dtype and np.array_equal(target, ref.target)
+    ds = load_dataset("digits")
+    assert ds.X.tobytes() == (np.asarray(ref.data, dtype=np.float64) / 16.0).tobytes()
+
+
+def test_loading_digits_imports_no_sklearn():
+    import subprocess
+    import sys
+
+    code = "import sys; from sim.data import load_dataset; load_dataset('digits'); print('sklearn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_batch_indices_kept_for_the_next_algorithm_equal_fresh_draws(monkeypatch):
+    from sim.data import minibatch
+
+    obj = make_objective("sines", d=8, n=40, seed=1)
+    shards = shard_indices(obj.n, 4, seed=1)
+
+    def fresh(t):
+        return np.stack([minibatch(s, 3, 5, r, t) for r, s in enumerate(shards)])
+
+    w = Workers(obj, shards, 3, 5)
+    first = [w.batch_indices(t) for t in range(1, 6)]
+    again = [w.batch_indices(t) for t in range(1, 6)]
+    for t, (a, b) in enumerate(zip(first, again), start=1):
+        assert a is b and not a.flags.writeable and np.array_equal(a, fresh(t))
+    monkeypatch.setattr(runner_mod, "BATCH_MEMO_BYTES", 2 * first[0].nbytes)  # room for two iterations
+    w2 = Workers(obj, shards, 3, 5)
+    got = [w2.batch_indices(t) for t in range(1, 6)]
+    assert len(w2._batch_memo) == 2 and all(np.array_equal(g, fresh(t)) for t, g in enumerate(got, start=1))
+    assert "_batch_memo" not in repr(w2)
+
+
+def test_in_sorted_equals_isin_at_every_size():
+    from sim.collectives import _in_sorted
+
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        n, m = (int(v) for v in rng.integers(0, 700, size=2))
+        x = np.sort(rng.choice(1400, n, replace=False)).astype(np.int64)
+        s = np.sort(rng.choice(1400, m, replace=False)).astype(np.int64)
+        assert np.array_equal(_in_sorted(x, s), np.isin(x, s, assume_unique=True))
