@@ -264,3 +264,36 @@ def test_in_sorted_equals_isin_at_every_size():
         x = np.sort(rng.choice(1400, n, replace=False)).astype(np.int64)
         s = np.sort(rng.choice(1400, m, replace=False)).astype(np.int64)
         assert np.array_equal(_in_sorted(x, s), np.isin(x, s, assume_unique=True))
+
+
+def test_to_dense_is_built_once_read_only_and_equals_densify():
+    import pickle
+
+    from sim.compression import densify, topk
+
+    for dtype in (np.float32, np.float64):
+        x = np.random.default_rng(3).standard_normal(1000).astype(dtype)
+        s = topk(x, 17)
+        a = s.to_dense()
+        assert a is s.to_dense() and not a.flags.writeable and a.dtype == dtype
+        b = densify(s)
+        assert b.flags.writeable and b is not a and a.tobytes() == b.tobytes()
+        with pytest.raises(ValueError):
+            a[0] = 1.0
+        t = pickle.loads(pickle.dumps(s))
+        assert "_dense" not in t.__dict__ and t.to_dense().tobytes() == a.tobytes()
+        assert repr(t) == repr(s)
+
+
+def test_gtopk_tree_ranks_share_one_dense_result_with_the_bits_of_their_own():
+    from sim.collectives import gtopk_tree
+    from sim.compression import densify, topk
+
+    P, k, d = 6, 9, 200
+    rng = np.random.default_rng(5)
+    sels = [topk(rng.standard_normal(d), k) for _ in range(P)]
+    cl = SimCluster(P, PRESETS["1GbE"])
+    res, _ = cl.run_programs([gtopk_tree(r, P, sels[r], k) for r in range(P)])
+    dense = [r.g.to_dense() for r in res]
+    assert all(x is dense[0] for x in dense)  # one result object, densified once
+    assert all(densify(r.g).tobytes() == dense[0].tobytes() for r in res)
