@@ -950,6 +950,9 @@ def _combine_into(state: SparseState, out, units, rows, P: int, rank: int):
     if cpu:
         o = out.numpy()
         rows_np = [(vals.numpy(), idx.numpy()) for vals, idx in rows]
+        if len(units) > 1 and all(units[j][0] < units[j + 1][0] for j in range(len(units) - 1)):
+            # all units' merges at once: one merge per step of the schedule, not one per unit
+            return 0, _combine_gtopk_units(state, o, units, rows_np, P, rank)
         for off, n, k, s0, flat, own in units:
             sels = []
             for vals, idx in rows_np:
@@ -972,6 +975,70 @@ def _combine_into(state: SparseState, out, units, rows, P: int, rank: int):
         applied += int(alive.sum())
         out[off + g_idx] = _divide(g_val, P)
     return 0, applied
+
+
+def _merge_units(a, b, starts, ks):
+    """The gTop-k merge a T b of every unit at once, on numpy (idx, val) pairs of global indices (ascending).
+
+    Unit u holds the indices [starts[u], starts[u + 1]); ks[u] is its k. The same operations as
+    :func:`sim.compression.merge` on each unit: the union of the supports with the sums ``(0 + a_i) + b_i``
+    (``0 + a_i`` / ``0 + b_i`` where one holds the index) in the promoted dtype, then in each unit its ks[u]
+    largest magnitudes (ties to the lower index), exact zeros dropped (tests/test_ddp_hooks_ops.py)."""
+    (ia, va), (ib, vb) = a, b
+    rt = np.result_type(va.dtype, vb.dtype)
+    cat = np.concatenate((ia, ib))
+    order = np.argsort(cat, kind="stable")  # a's entry first where both hold an index
+    idx = cat[order]
+    val = np.concatenate((va, vb), dtype=rt)[order]
+    val += rt.type(0)  # 0 + x: only -0.0 changes, to +0.0
+    pair = np.flatnonzero(idx[1:] == idx[:-1])
+    if pair.shape[0]:
+        val[pair] = val[pair] + val[pair + 1]
+        first = np.ones(idx.shape[0], dtype=bool)
+        first[pair + 1] = False
+        idx, val = idx[first], val[first]
+    keep = val != 0
+    bounds = np.searchsorted(idx, starts)
+    for u in np.flatnonzero(np.diff(bounds) > ks):  # units holding more than their k
+        lo, hi, k = int(bounds[u]), int(bounds[u + 1]), int(ks[u])
+        absx = np.abs(val[lo:hi])
+        thr = np.partition(absx, hi - lo - k)[hi - lo - k]  # the k-th largest magnitude
+        top = absx > thr
+        need = k - int(np.count_nonzero(top))
+        top[np.flatnonzero(absx == thr)[:need]] = True
+        keep[lo:hi] &= top
+    return idx[keep], val[keep]
+
+
+def _combine_gtopk_units(state: SparseState, o: np.ndarray, units, rows_np, P: int, rank: int) -> int:
+    """The CPU gTop-k combine of several units (``scope="parameter"``): every rank's row without its padding is
+    one vector of global indices, the merges of :func:`_replay` run on all units at once
+    (:func:`_merge_units`), g / P goes into ``o`` and this rank's residuals lose what reached g. Bit for bit the
+    per-unit replay (units are disjoint index ranges, each merged by the same rule in the same order).
+    Returns the entries applied."""
+    starts = np.array([u[0] for u in units] + [units[-1][0] + units[-1][1]], dtype=np.int64)
+    ks = np.array([u[2] for u in units], dtype=np.int64)
+    sels = []
+    for vals, idx in rows_np:
+        nz = vals != 0  # padding slots hold +0.0; a selection never holds an exact zero
+        sels.append((idx[nz].astype(np.int64), vals[nz]))
+
+    def member(a, b):
+        if b.shape[0] == 0:
+            return np.zeros(a.shape[0], dtype=bool)
+        pos = np.minimum(np.searchsorted(b, a), b.shape[0] - 1)
+        return b[pos] == a
+
+    g_idx, g_val, alive = _replay(sels, 0, rank, state.collective, state.mask == "exact",
+                                  lambda a, b: _merge_units(a, b, starts, ks), member,
+                                  lambda a: np.ones(a.shape[0], dtype=bool))
+    o[g_idx] = g_val / g_val.dtype.type(P)
+    own = sels[rank][0][alive]
+    cut = np.searchsorted(own, starts)
+    for j, (off, n, k, s0, flat, _) in enumerate(units):
+        if cut[j + 1] > cut[j]:
+            flat.numpy()[own[cut[j]:cut[j + 1]] - off] = 0
+    return int(own.shape[0])
 
 
 def _zero_at(flat, i) -> None:

@@ -248,3 +248,49 @@ def test_gpu_selection_merges_and_nccl_training():
                 assert all(torch.equal(u, v.cpu()) for u, v in zip(a, b)), (trial, r, coll)
     before, after, res = launch_local(1, gpu_job, (), timeout_s=60.0, backend="nccl")[0]
     assert after < 0.7 * before and res == ["cudatorch.float32"]
+
+
+@pytest.mark.parametrize("collective", ["tree", "recursive_doubling"])
+@pytest.mark.parametrize("mask", ["exact", "reference"])
+def test_gtopk_combine_of_all_units_at_once_is_per_unit(collective, mask):
+    """The CPU gTop-k completion of a bucket of several parameters merges all of them at once
+    (:func:`sim.ddp_hooks._merge_units`): g / P, the residuals and the applied count equal, bit for bit, those of
+    each unit replayed alone (:func:`gtopk_replay` on the unit's selections, the collectives' result)."""
+    from types import SimpleNamespace
+
+    from sim.ddp_hooks import _combine_into
+
+    state = SimpleNamespace(spec=SimpleNamespace(combine="gtopk"), mask=mask, collective=collective)
+    rng = np.random.default_rng(6)
+    for trial in range(40):
+        P, dtype = int(rng.integers(1, 8)), (np.float64, np.float32)[trial % 2]
+        sizes = [int(n) for n in rng.integers(1, 60, size=int(rng.integers(2, 6)))]
+        offs = np.concatenate(([0], np.cumsum(sizes)))
+        ks = [int(rng.integers(1, n + 1)) for n in sizes]
+        slots = np.concatenate(([0], np.cumsum(ks)))
+        accs = [[(rng.choice([-2.0, -1.0, 1.0, 2.0, 3.0], size=n) if trial % 3 else rng.standard_normal(n))
+                 .astype(dtype) * (rng.random(n) > 0.2) for n in sizes] for _ in range(P)]
+        rows = []
+        for q in range(P):
+            vals, idx = np.zeros(slots[-1], dtype=dtype), np.zeros(slots[-1], dtype=np.int32)
+            for u, n in enumerate(sizes):
+                s = topk(accs[q][u], ks[u])
+                vals[slots[u]:slots[u] + len(s)], idx[slots[u]:slots[u] + len(s)] = s.val, s.idx + offs[u]
+            rows.append((torch.from_numpy(vals), torch.from_numpy(idx).long()))
+        for r in range(P):
+            def units():
+                out = []
+                for u, n in enumerate(sizes):
+                    s = topk(accs[r][u], ks[u])
+                    out.append((int(offs[u]), n, ks[u], int(slots[u]), torch.from_numpy(accs[r][u].copy()),
+                                (torch.from_numpy(s.idx), torch.from_numpy(s.val))))
+                return out
+            together, alone = units(), units()
+            out_t = torch.zeros(int(offs[-1]), dtype=torch.from_numpy(accs[0][0]).dtype)
+            out_a = out_t.clone()
+            _, applied_t = _combine_into(state, out_t, together, rows, P, r)
+            applied_a = sum(_combine_into(state, out_a, [u], rows, P, r)[1] for u in alone)
+            assert out_t.numpy().tobytes() == out_a.numpy().tobytes(), (trial, r)
+            assert applied_t == applied_a, (trial, r)
+            for a, b in zip(together, alone):
+                assert a[4].numpy().tobytes() == b[4].numpy().tobytes(), (trial, r)
