@@ -37,9 +37,9 @@ same run). Nothing here asserts on time.
 
 Beside the measurement: what the iteration timeline (:func:`sim.timeline.simulate_timeline`) predicts on
 1 GbE (preset ``1GbE``) for P = 2 with the per-layer compute measured here (:func:`sim.workloads.measure_torch`,
-one process): dense DDP buckets (allreduce; fp16 as 2-byte values), and the sparse hooks as what they send
-(an allgather of the selections per DDP bucket, ``sparse="bucket"``, or one after backward for the model
-scope; the gTop-k hook's wire is an allgather too, its merges are local), PowerSGD as the simulator's
+one process): dense DDP buckets (allreduce; fp16 as 2-byte values in the same buckets), and the sparse hooks
+as what they send (an allgather of the selections per DDP bucket, ``sparse="bucket"``, or one after backward
+for the model scope; the gTop-k hook's wire is an allgather too, its merges are local), PowerSGD as the simulator's
 ``powersgd`` algorithm on one buffer after backward (the single bucket it runs with here). Selections and
 PowerSGD's products are costed by the compute model's default coefficients, not measured.
 
@@ -251,8 +251,13 @@ def predict_1gbe(model_name: str, batch: int, image: int, configs: list[str]) ->
     for cfg in configs:
         if cfg == "no-comm":
             spec, pol = AlgorithmSpec("dense"), TimelinePolicy(dense="none")
-        elif cfg in ("allreduce", "fp16"):
-            spec, pol = AlgorithmSpec("dense", value_bytes=2 if cfg == "fp16" else 4), TimelinePolicy(dense="ddp")
+        elif cfg == "allreduce":
+            spec, pol = AlgorithmSpec("dense", value_bytes=4), TimelinePolicy(dense="ddp")
+        elif cfg == "fp16":
+            # fp16_compress_hook: DDP's float32 buckets (25 MiB, first 1 MiB), sent as 2-byte values; the
+            # timeline sizes buckets in wire bytes, so half the caps give the float32 buckets' elements
+            spec = AlgorithmSpec("dense", value_bytes=2)
+            pol = TimelinePolicy(dense="ddp", bucket_cap_mb=12.5, first_bucket_mb=0.5)
         elif cfg.startswith("powersgd"):
             # the simulator's PowerSGD (sim/algorithms/powersgd.py, torch's hook as a registered algorithm) on
             # one buffer after backward: the single bucket it is measured with here
