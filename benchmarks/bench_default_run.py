@@ -80,6 +80,8 @@ def one_run(checkout: Path, blas_threads: str | None) -> dict:
 def main(argv=None):
     """Run the comparison with the options of :func:`parse_args` and print its Markdown report."""
     args = parse_args(argv)
+    if args.blas_threads is not None:  # the children's setting, also in the environment line below
+        os.environ["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
     sides = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
     for name, path in sides.items():
         if not (path / "experiments" / "cli.py").is_file():
