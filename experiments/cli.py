@@ -93,6 +93,14 @@ def main(verbose, log_level):
     logger.propagate = False
     # SIGTERM (e.g. from `timeout` or a batch system) unwinds like Ctrl-C, so no DIR.partial is left behind
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # one BLAS thread for the whole command: a multi-threaded OpenBLAS splits a product (the full gradient's
+    # X^T R) by its thread count, whose partial sums change the last bits, so results would depend on the
+    # machine's core count (as the torch backend's ranks and the experiments already do; restored on exit for
+    # callers that run the CLI in-process)
+    from threadpoolctl import threadpool_limits
+
+    limiter = threadpool_limits(1, user_api="blas")
+    click.get_current_context().call_on_close(limiter.restore_original_limits)
     import matplotlib
 
     matplotlib.use("Agg")  # the CLI only writes figure files; importing experiments.plots elsewhere keeps the backend

@@ -402,7 +402,19 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
     and the value when the run diverges (:data:`sim.errors.DIVERGENCE_LIMIT`), and SparsimError when the clock cannot
     resolve an iteration (:class:`MetricsRecorder`) or a time quantum truncates a hop to 0
     (:class:`sim.network.NetworkSpec`).
+
+    The run uses one BLAS thread (threadpoolctl; restored afterwards): a multi-threaded BLAS splits products by
+    its thread count, which changes their last bits, so the numbers would depend on the machine's cores.
     """
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        return _run_algorithm(spec, workers, T=T, lr=lr, x0=x0, network=network, compute=compute, driver=driver,
+                              eval_every=eval_every, on_row=on_row, on_step=on_step)
+
+
+def _run_algorithm(spec, workers, *, T, lr, x0, network, compute, driver, eval_every, on_row, on_step):
+    """:func:`run_algorithm`'s body (under its one-thread BLAS limit)."""
     P = len(workers.shards)
     check_range("P", P, 1)
     check_range("T", T, 1)
