@@ -243,8 +243,9 @@ def algorithms_cmd():
     for name, algo in REGISTRY.items():
         names = name + "".join(f", {a}" for a in algo.aliases)
         opts = "; ".join(f"`{k}` = {o.default!r} ({o.help})" for k, o in algo.options.items()) or "-"
-        click.echo(f"| `{names}` | {'yes' if algo.sparse else 'no'} | {', '.join(algo.collectives)} | {opts} | "
-                   f"{algo.summary} | {algo.source} |")
+        cells = [f"`{names}`", "yes" if algo.sparse else "no", ", ".join(algo.collectives), opts, algo.summary,
+                 algo.source]
+        click.echo("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")  # a | in a cell is escaped
 
 
 @main.command()

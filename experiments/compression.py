@@ -204,6 +204,9 @@ def run_compression(out, *, quick: bool = False, force: bool = False, jobs: int 
     algorithms = tuple(algorithms)
     if not algorithms:
         raise ConfigError("algorithms = () names none: valid one or more sparse algorithms of `sparsim algorithms`")
+    dup = next((a for i, a in enumerate(algorithms) if a in algorithms[:i]), None)
+    if dup is not None:
+        raise ConfigError(f"algorithms = {','.join(algorithms)} names {dup} twice: valid each algorithm once")
     for a in algorithms:
         if not get(a).sparse:
             raise ConfigError(f"algorithm = {a!r} is not sparse (it has no compression ratio): valid sparse "

@@ -268,7 +268,7 @@ class Scenario(_Strict):
     algorithms: list[str] = Field(
         ["dense", "topk", "gtopk"], min_length=1,  # algorithms: the default comparison
         description="algorithms compared with identical data and seeds (`sparsim algorithms` lists them)")
-    algorithm: dict[str, dict[str, bool | int | float | str]] = Field(
+    algorithm: dict[str, dict[str, bool | int | float | str | list[float]]] = Field(
         {}, description="per-algorithm options, e.g. [algorithm.powersgd] rank = 4 (`sparsim algorithms` lists them)")
     cluster: ClusterCfg = ClusterCfg()
     compute: ComputeCfg = ComputeCfg()

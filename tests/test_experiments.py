@@ -65,7 +65,8 @@ def test_compression_quick(tmp_path):
 
 
 def test_compression_refuses_a_dense_or_unknown_algorithm(tmp_path):
-    for algs, needle in (("dense", "is not sparse"), ("nope", "is unknown")):
+    for algs, needle in (("dense", "is not sparse"), ("nope", "is unknown"),
+                         ("gtopk,topk,gtopk", "algorithms = gtopk,topk,gtopk names gtopk twice: valid each algorithm once")):
         r = CliRunner().invoke(main, ["experiment", "compression", "--quick", "--quiet", "--out",
                                       str(tmp_path / "c"), "--algorithms", algs])
         assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1, r.output

@@ -40,9 +40,16 @@ def test_bad_options_are_one_line_errors():
     with pytest.raises(ConfigError, match=r"^powersgd.rank = 0 is out of range: valid 1 <= powersgd.rank$"):
         AlgorithmSpec("powersgd", options=(("rank", 0),))
     for bad in ("yes", 2, 0.5):
-        with pytest.raises(ConfigError, match=rf"powersgd.warm_start = {bad!r} must be on or off: valid true, false"):
+        with pytest.raises(ConfigError, match=rf"^powersgd.warm_start = {bad!r} is not a switch: valid on, off, true, "
+                                              r"false, 1, 0$"):
             AlgorithmSpec("powersgd", options=(("warm_start", bad),))
     assert AlgorithmSpec("powersgd", options=(("warm_start", 0),)).opt("warm_start") is False
+    # every on/off option of the registry takes the same spellings (PowerSGD's bool, DGC's "on" / "off")
+    for on, off in ((True, False), (1, 0), ("on", "off"), ("TRUE", "false")):
+        assert [AlgorithmSpec("powersgd", options=(("warm_start", v),)).opt("warm_start") for v in (on, off)] == \
+            [True, False]
+        assert [AlgorithmSpec("dgc", k=1, options=(("nesterov", v),)).opt("nesterov") for v in (on, off)] == \
+            ["on", "off"]
     for key, bad in (("start_iter", -1), ("matrix_rows", -2), ("orthogonalization_epsilon", -1e-8),
                      ("min_compression_rate", -1.0), ("rank", 1.5)):
         with pytest.raises(ConfigError, match=f"powersgd.{key} = "):

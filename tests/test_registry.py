@@ -190,6 +190,8 @@ def test_the_stray_list_check_finds_a_list():
     (["algorithm.powersgd.rank=0"], "powersgd.rank = 0 is out of range: valid 1 <= powersgd.rank"),
     (["algorithm.oktopk.tau=0"], "oktopk.tau = 0 is out of range: valid 1 <= oktopk.tau"),
     (['algorithm.dgc.warmup_densities="0.1, 0.5"'], "is not decreasing in density"),
+    (["algorithm.dgc.warmup_densities=[0.1, 0.5]"], "dgc.warmup_densities = [0.1, 0.5] is not decreasing in density"),
+    (["algorithm.dgc.nesterov=maybe"], "dgc.nesterov = 'maybe' is not a switch: valid on, off, true, false, 1, 0"),
     (["algorithm.nope.x=1"], "algorithm = 'nope' is unknown: valid algorithms are dense, topk, gtopk"),
     (["algorithm.powersgd.bogus=1"], "algorithm.powersgd.bogus is unknown: valid keys are collective, rank"),
     (["algorithm.topk.collective=tree"], "algorithm.topk.collective = 'tree' is unknown: valid allgather"),
@@ -227,3 +229,11 @@ def test_cli_algorithm_options_reach_the_spec(tmp_path):
     assert {row["algorithm"] for row in rows} == {AlgorithmSpec("powersgd", options=(("rank", 2),)).label}
     assert json.loads((out / "summary.json").read_text())["scenario"]["algorithm"] == {
         "powersgd": {"rank": 2, "warm_start": False}}
+    # a TOML list for DGC's warm-up densities, and a TOML boolean for one of its on/off switches
+    sc = tmp_path / "dgc.toml"
+    sc.write_text('algorithms = ["dgc"]\n[training]\niterations = 3\n'
+                  '[algorithm.dgc]\nwarmup_iters = 1\nwarmup_densities = [0.25, 0.0625]\nnesterov = true\n')
+    r = CliRunner().invoke(main, ["run", str(sc), "--out", str(tmp_path / "d"), "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "d" / "summary.json").read_text())["scenario"]["algorithm"] == {
+        "dgc": {"warmup_iters": 1, "warmup_densities": [0.25, 0.0625], "nesterov": True}}

@@ -174,6 +174,9 @@ class Option:
         """``value`` as ``kind`` if valid; ConfigError naming ``algorithm.name``, the value and the valid range."""
         label = f"{algorithm}.{name}"
         if self.kind is str:
+            if set(self.choices) == {"on", "off"}:  # a switch: also TOML's true / false and 1 / 0, as every switch
+                value = _switch(value, label)
+                return "on" if value else "off"
             if value not in self.choices:
                 raise ConfigError(f"{label} = {value!r} is unknown: valid {', '.join(map(str, self.choices))}")
             return value
@@ -184,6 +187,18 @@ class Option:
             raise ConfigError(f"{label} = {value!r} must be a number: valid {_range(label, self)}")
         check_range(label, value, self.lo, self.hi, lo_open=self.lo_open, hi_open=self.hi_open, err=ConfigError)
         return self.kind(value)
+
+
+def _switch(value, label: str) -> bool:
+    """An on/off option's value as a bool: True / False, 1 / 0, or the strings on / off / true / false (any case).
+    Raises ConfigError naming ``label``, the value and the valid spellings."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("on", "off", "true", "false"):
+        return value.strip().lower() in ("on", "true")
+    raise ConfigError(f"{label} = {value!r} is not a switch: valid on, off, true, false, 1, 0")
 
 
 def _range(label: str, o: Option) -> str:

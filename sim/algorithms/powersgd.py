@@ -474,15 +474,13 @@ def _allreduce(spec, rank: int, P: int):
 
 
 class _BoolOption(Option):
-    """An on/off option: True / False, or 1 / 0 (a scenario's [algorithm.NAME] table takes numbers and strings,
-    not TOML booleans); anything else is a one-line ConfigError."""
+    """An on/off option held as a bool: true / false, on / off or 1 / 0, as every on/off option of the registry
+    (:func:`sim.algorithms.base._switch`); anything else is a one-line ConfigError."""
 
     def check(self, algorithm, name, value):
-        if isinstance(value, (bool, np.bool_)):
-            return bool(value)
-        if isinstance(value, (int, np.integer)) and value in (0, 1):
-            return bool(value)
-        raise ConfigError(f"{algorithm}.{name} = {value!r} must be on or off: valid true, false, 1, 0")
+        from .base import _switch
+
+        return _switch(value, f"{algorithm}.{name}")
 
 
 @register
