@@ -40,7 +40,8 @@ into one byte tensor and launches ONE asynchronous ``all_gather`` on the DDP mod
 (gloo on CPU, NCCL on GPU); it returns that collective's ``torch.futures.Future`` chained (``.then``) with
 the unpacking, the sum in rank order (or the local replay of the gTop-k merges, in the order of
 :func:`sim.collectives.gtopk_tree` / :func:`~sim.collectives.gtopk_rd`, so every rank computes the same g
-and its own mask, bit for bit the definitions) and the residual update. Backward continues while the
+and its own mask, bit for bit the definitions; on the CPU the merges of all the bucket's units run at once,
+one per step of the schedule, on numpy views) and the residual update. Backward continues while the
 collective runs, as with DDP's allreduce and the PowerSGD hook. The wire pattern is therefore an
 allgather of P x k entries per unit: for gTop-k that is the Top-k wire volume, (P - 1) k s bytes received
 per rank, not the 2 k lg P of the tree (the numbers are the tree's; the messages are not). The exact wire
