@@ -331,6 +331,15 @@ class Network:
             return hold_q * self._q, delay_q * self._q
         return hold_q, delay_q
 
+    def _quantum_too_coarse(self, src: int, dst: int, nbytes: int):
+        """Raise SparsimError: the time quantum truncates this message's hop (latency + transfer) to 0 quanta."""
+        q = self._q
+        exact = self._latency + nbytes / self._bw
+        raise SparsimError(
+            f"quantum_s = {q:g} s truncates a {nbytes}-byte message's hop (rank {src} -> {dst}, latency "
+            f"{self._latency:.3g} s + {nbytes / self._bw:.3g} s of transfer = {exact:.3g} s) to 0: valid "
+            f"quantum_s <= {exact:.3g} s (the shortest hop simulated), or quantum_s = 0 (exact time)")
+
     def _hop_quanta(self, nbytes: int):
         """Hold and delay in quanta (ints) when quantum_s > 0, else in seconds (floats)."""
         ser = nbytes / self._bw
@@ -411,11 +420,7 @@ class Network:
         q = self._q
         if q > 0:
             if delay == 0 and (self._latency > 0 or nbytes > 0):
-                exact = self._latency + nbytes / self._bw
-                raise SparsimError(
-                    f"quantum_s = {q:g} s truncates a {nbytes}-byte message's hop (rank {src} -> {dst}, latency "
-                    f"{self._latency:.3g} s + {nbytes / self._bw:.3g} s of transfer = {exact:.3g} s) to 0: valid "
-                    f"quantum_s <= {exact:.3g} s (the shortest hop simulated), or quantum_s = 0 (exact time)")
+                self._quantum_too_coarse(src, dst, nbytes)
             hold_s = hold * q
             for key in path:
                 k_now = _ceil_quanta(t / q)
@@ -512,11 +517,7 @@ class Network:
         q = self._q
         if q > 0:
             if delay == 0 and (self._latency > 0 or nbytes > 0):
-                exact = self._latency + nbytes / self._bw
-                raise SparsimError(
-                    f"quantum_s = {q:g} s truncates a {nbytes}-byte message's hop (rank {src} -> {dst}, latency "
-                    f"{self._latency:.3g} s + {nbytes / self._bw:.3g} s of transfer = {exact:.3g} s) to 0: valid "
-                    f"quantum_s <= {exact:.3g} s (the shortest hop simulated), or quantum_s = 0 (exact time)")
+                self._quantum_too_coarse(src, dst, nbytes)
             hold_s = hold * q
             for key in path:
                 now = env.now
