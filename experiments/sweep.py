@@ -45,6 +45,9 @@ def _dask_client(scheduler: str):
     except ImportError:
         raise SparsimError("--scheduler needs Dask distributed, which is not installed: "
                            "pip install -e '.[experiments]' (in the clone)") from None
+    if not str(scheduler).strip():  # an empty address is no address (Dask may then look for a default client)
+        raise SparsimError(f"--scheduler {scheduler!r}: cannot connect to the Dask scheduler (missing port number in "
+                           f"address {scheduler!r}): valid an address such as tcp://host:8786")
     try:
         return Client(scheduler, timeout=30)
     except (OSError, TimeoutError, ValueError) as err:  # ValueError: a malformed address
