@@ -16,10 +16,11 @@ load average before and after, and the sha256 of its metrics.csv (every run of o
 bytes: the script stops otherwise). Reported: the median wall and CPU seconds of each side and their ratios.
 
 ``--blas-threads`` (default: unset, OpenBLAS's own choice, 2 threads on a 2-core VM) sets
-OPENBLAS_NUM_THREADS for both sides. The metrics' bits depend on it (the full evaluation's ``X^T R`` is
-summed in another order with 2 threads than with 1), so the default is what ``sparsim run`` gives; on a
-machine that other work keeps busy, every 2-thread BLAS call waits for its second thread, which makes wall
-and CPU seconds grow with the load, and ``--blas-threads 1`` measures the same work without that wait.
+OPENBLAS_NUM_THREADS for both sides. Code before 2f00b72 follows it (its metrics' bits depend on it: the full
+evaluation's ``X^T R`` is summed in another order with 2 threads than with 1); since 2f00b72 ``sparsim run``
+uses one BLAS thread whatever the setting, so the default compares what each side's ``sparsim run`` does. On
+a machine that other work keeps busy, every 2-thread BLAS call waits for its second thread, which makes wall
+and CPU seconds grow with the load, and ``--blas-threads 1`` measures the older code without that wait.
 
 Outputs: --out (default benchmarks/results/default_run.csv, one row per run) and a Markdown table on stdout.
 This is a benchmark, not a test: nothing asserts on time.
