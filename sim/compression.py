@@ -284,15 +284,23 @@ def merge(a: Sparse, b: Sparse, k: int) -> Sparse:
 
 
 def _sum_on_union(a: Sparse, b: Sparse) -> tuple[np.ndarray, np.ndarray]:
-    """(idx, val): the union of the supports of a and b, ascending, and a + b on it (see :func:`merge`).
+    """(idx, val): the union of the supports of a and b, ascending, and a + b on it (see :func:`merge`)."""
+    return sum_on_union(a.idx, a.val, b.idx, b.val)
+
+
+def sum_on_union(ia: np.ndarray, va: np.ndarray, ib: np.ndarray, vb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(idx, val): the union of two supports ``ia``, ``ib`` (int arrays, each ascending without repeats) and the
+    sum of the two sparse vectors on it: ``(0 + a_i) + b_i`` where both hold i, ``0 + a_i`` / ``0 + b_i``
+    elsewhere, in ``np.result_type`` of the value dtypes (:func:`merge`'s values). idx ascending; exact zeros
+    (cancellations) are kept. The same function for :func:`merge` and the DDP hook's all-units merge.
 
     A stable argsort of the concatenated indices puts each coordinate that both hold as two neighbours, a's
     entry first; their values are added there and the second of the pair is dropped."""
-    rt = np.result_type(a.val.dtype, b.val.dtype)
-    cat = np.concatenate((a.idx, b.idx))
+    rt = np.result_type(va.dtype, vb.dtype)
+    cat = np.concatenate((ia, ib))
     order = np.argsort(cat, kind="stable")
     idx = cat[order]
-    val = np.concatenate((a.val, b.val), dtype=rt)[order]
+    val = np.concatenate((va, vb), dtype=rt)[order]
     val += rt.type(0)  # 0 + x: the exact values the zero vector accumulated (only -0.0 changes, to +0.0)
     pair = np.flatnonzero(idx[1:] == idx[:-1])
     if pair.shape[0]:

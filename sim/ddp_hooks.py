@@ -264,6 +264,7 @@ def gtopk_replay(sels: list, k: int, rank: int, collective: str = "tree", exact:
 def _replay_numpy(sels: list, k: int, rank: int, collective: str, exact: bool):
     """:func:`gtopk_replay` on numpy (idx int64, val) pairs with :func:`sim.compression.merge`; returns numpy
     (g_idx, g_val, applied)."""
+    from .collectives import _in_sorted
     from .compression import Sparse, merge
 
     d = max([k] + [int(i[-1]) + 1 for i, _ in sels if i.shape[0]])  # merge checks k <= d only
@@ -272,13 +273,7 @@ def _replay_numpy(sels: list, k: int, rank: int, collective: str, exact: bool):
         m = merge(Sparse(a[0], a[1], d), Sparse(b[0], b[1], d), k)
         return m.idx, m.val
 
-    def member(a, b):  # a, b ascending without repeats: a_i in b
-        if b.shape[0] == 0:
-            return np.zeros(a.shape[0], dtype=bool)
-        pos = np.minimum(np.searchsorted(b, a), b.shape[0] - 1)
-        return b[pos] == a
-
-    return _replay(sels, k, rank, collective, exact, merge_np, member, lambda a: np.ones(a.shape[0], dtype=bool))
+    return _replay(sels, k, rank, collective, exact, merge_np, _in_sorted, lambda a: np.ones(a.shape[0], dtype=bool))
 
 
 def _replay(sels: list, k: int, rank: int, collective: str, exact: bool, merge_fn, member, ones):
@@ -955,27 +950,30 @@ def _combine_into(state: SparseState, out, units, rows, P: int, rank: int):
             # all units' merges at once: one merge per step of the schedule, not one per unit
             return 0, _combine_gtopk_units(state, o, units, rows_np, P, rank)
         for off, n, k, s0, flat, own in units:
-            sels = []
-            for vals, idx in rows_np:
-                v, i = vals[s0:s0 + k], idx[s0:s0 + k]
-                nz = v != 0
-                sels.append((i[nz] - off, v[nz]))
-            g_idx, g_val, alive = _replay_numpy(sels, k, rank, state.collective, exact)
+            g_idx, g_val, alive = _replay_numpy(_unit_sels(rows_np, off, k, s0), k, rank, state.collective, exact)
             flat.numpy()[own[0].numpy()[alive]] = 0
             applied += int(np.count_nonzero(alive))
             o[off + g_idx] = g_val / g_val.dtype.type(P)
         return 0, applied
     for off, n, k, s0, flat, own in units:
-        sels = []
-        for vals, idx in rows:
-            v, i = vals[s0:s0 + k], idx[s0:s0 + k]
-            nz = v != 0
-            sels.append((i[nz] - off, v[nz]))
-        g_idx, g_val, alive = gtopk_replay(sels, k, rank, state.collective, exact, impl="torch")
+        g_idx, g_val, alive = gtopk_replay(_unit_sels(rows, off, k, s0), k, rank, state.collective, exact,
+                                           impl="torch")
         flat[own[0][alive]] = 0
         applied += int(alive.sum())
         out[off + g_idx] = _divide(g_val, P)
     return 0, applied
+
+
+def _unit_sels(rows, off: int, k: int, s0: int) -> list:
+    """Every rank's selection of one unit from the gathered rows: the unit's k slots starting at slot ``s0`` of
+    each row (values, global indices; numpy arrays or torch tensors), padding (exact zeros) dropped, indices made
+    local by subtracting the unit's offset ``off``. Returns [(idx, val)] in rank order."""
+    sels = []
+    for vals, idx in rows:
+        v, i = vals[s0:s0 + k], idx[s0:s0 + k]
+        nz = v != 0
+        sels.append((i[nz] - off, v[nz]))
+    return sels
 
 
 def _merge_units(a, b, starts, ks):
@@ -985,29 +983,15 @@ def _merge_units(a, b, starts, ks):
     :func:`sim.compression.merge` on each unit: the union of the supports with the sums ``(0 + a_i) + b_i``
     (``0 + a_i`` / ``0 + b_i`` where one holds the index) in the promoted dtype, then in each unit its ks[u]
     largest magnitudes (ties to the lower index), exact zeros dropped (tests/test_ddp_hooks_ops.py)."""
-    (ia, va), (ib, vb) = a, b
-    rt = np.result_type(va.dtype, vb.dtype)
-    cat = np.concatenate((ia, ib))
-    order = np.argsort(cat, kind="stable")  # a's entry first where both hold an index
-    idx = cat[order]
-    val = np.concatenate((va, vb), dtype=rt)[order]
-    val += rt.type(0)  # 0 + x: only -0.0 changes, to +0.0
-    pair = np.flatnonzero(idx[1:] == idx[:-1])
-    if pair.shape[0]:
-        val[pair] = val[pair] + val[pair + 1]
-        first = np.ones(idx.shape[0], dtype=bool)
-        first[pair + 1] = False
-        idx, val = idx[first], val[first]
+    from .compression import _topk_positions, sum_on_union
+
+    idx, val = sum_on_union(a[0], a[1], b[0], b[1])
     keep = val != 0
     bounds = np.searchsorted(idx, starts)
     for u in np.flatnonzero(np.diff(bounds) > ks):  # units holding more than their k
-        lo, hi, k = int(bounds[u]), int(bounds[u + 1]), int(ks[u])
-        absx = np.abs(val[lo:hi])
-        thr = np.partition(absx, hi - lo - k)[hi - lo - k]  # the k-th largest magnitude
-        top = absx > thr
-        need = k - int(np.count_nonzero(top))
-        top[np.flatnonzero(absx == thr)[:need]] = True
-        keep[lo:hi] &= top
+        lo, hi = int(bounds[u]), int(bounds[u + 1])
+        keep[lo:hi] = False
+        keep[lo + _topk_positions(val[lo:hi], int(ks[u]))] = True
     return idx[keep], val[keep]
 
 
@@ -1017,21 +1001,16 @@ def _combine_gtopk_units(state: SparseState, o: np.ndarray, units, rows_np, P: i
     (:func:`_merge_units`), g / P goes into ``o`` and this rank's residuals lose what reached g. Bit for bit the
     per-unit replay (units are disjoint index ranges, each merged by the same rule in the same order).
     Returns the entries applied."""
+    from .collectives import _in_sorted
+
     starts = np.array([u[0] for u in units] + [units[-1][0] + units[-1][1]], dtype=np.int64)
     ks = np.array([u[2] for u in units], dtype=np.int64)
     sels = []
     for vals, idx in rows_np:
         nz = vals != 0  # padding slots hold +0.0; a selection never holds an exact zero
         sels.append((idx[nz].astype(np.int64), vals[nz]))
-
-    def member(a, b):
-        if b.shape[0] == 0:
-            return np.zeros(a.shape[0], dtype=bool)
-        pos = np.minimum(np.searchsorted(b, a), b.shape[0] - 1)
-        return b[pos] == a
-
     g_idx, g_val, alive = _replay(sels, 0, rank, state.collective, state.mask == "exact",
-                                  lambda a, b: _merge_units(a, b, starts, ks), member,
+                                  lambda a, b: _merge_units(a, b, starts, ks), _in_sorted,
                                   lambda a: np.ones(a.shape[0], dtype=bool))
     o[g_idx] = g_val / g_val.dtype.type(P)
     own = sels[rank][0][alive]
