@@ -556,7 +556,8 @@ class SparseState:
         """This rank's state as plain types and CPU tensors (``torch.save`` / ``torch.load`` with the default
         ``weights_only=True`` work): format, algorithm, world_size, rank, iteration, selected, applied, params
         (list of [name, numel]), residuals (dict name -> 1-D tensor), algorithm_state (the p2p wire's per-unit
-        algorithm state, pickled into a uint8 tensor so that ``weights_only`` loading accepts it). Raises
+        algorithm state as plain types and tensors, :func:`_to_plain`, so that ``weights_only`` loading reads
+        it without unpickling code). Raises
         ConfigError if not bound."""
         if self._names is None:
             raise ConfigError("state_dict of an unbound SparseState: valid after register_sparse_hook(ddp_model, ...) "
@@ -566,7 +567,7 @@ class SparseState:
                 "iteration": int(self.iteration), "selected": int(self.selected), "applied": int(self.applied),
                 "params": [[n, int(self._sizes[n])] for n in self._names],
                 "residuals": {n: t.detach().to("cpu", copy=True) for n, t in self.residuals.items()},
-                "algorithm_state": _pickled(self.algo_state)}
+                "algorithm_state": _to_plain(self.algo_state)}
 
     def load_state_dict(self, sd: dict) -> None:
         """Restore a :meth:`state_dict` saved by the same rank of the same model and world size.
@@ -600,7 +601,7 @@ class SparseState:
                               "model's parameters")
         self.residuals = {n: t.detach().clone().reshape(-1) for n, t in res.items()}
         self._arenas = {}
-        self.algo_state = _unpickled(sd["algorithm_state"]) if "algorithm_state" in sd else {}
+        self.algo_state = _from_plain(sd["algorithm_state"]) if "algorithm_state" in sd else {}
         self.iteration, self.selected, self.applied = int(sd["iteration"]), int(sd["selected"]), int(sd["applied"])
 
     # -- residual storage ------------------------------------------------------------------------------------
@@ -649,26 +650,59 @@ class SparseState:
                 self.callback_cpu_s += callback
 
 
-def _pickled(obj):
-    """``obj`` pickled into a 1-D uint8 CPU tensor (a checkpoint entry ``torch.load(weights_only=True)`` reads)."""
-    import pickle
+#: Markers of the non-plain values in :func:`_to_plain`'s output.
+_RANDOM_STATE, _NP_SCALAR = "__numpy.random.RandomState__", "__numpy.scalar__"
 
+
+def _to_plain(obj):
+    """The algorithms' state (dicts, lists, tuples, numbers, strings, numpy arrays and scalars, numpy
+    ``RandomState``) as what ``torch.load(weights_only=True)`` reads: arrays become CPU tensors (copies, same
+    dtype), a RandomState ``{_RANDOM_STATE: its get_state() with the key as an int64 tensor}``, a numpy scalar
+    ``{_NP_SCALAR: (dtype name, value)}`` (kept a numpy scalar on the way back: numpy's promotion treats it
+    unlike a Python number). No pickled code, so loading a checkpoint executes nothing. Raises SparsimError
+    naming any other type."""
     import torch
 
-    return torch.frombuffer(bytearray(pickle.dumps(obj, protocol=4)), dtype=torch.uint8)
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_plain(v) for v in obj)
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    if isinstance(obj, np.random.RandomState):
+        name, key, pos, has_gauss, cached = obj.get_state()
+        return {_RANDOM_STATE: (name, torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss), float(cached))}
+    if isinstance(obj, np.generic):
+        return {_NP_SCALAR: (obj.dtype.name, obj.item())}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise SparsimError(f"algorithm state of type {type(obj).__name__} cannot be checkpointed: valid dicts, lists, "
+                       "tuples, numbers, strings, numpy arrays, scalars and RandomState")
 
 
-def _unpickled(t):
-    """Inverse of :func:`_pickled`. Raises ConfigError for a tensor that does not hold a pickled dict."""
-    import pickle
+def _from_plain(obj):
+    """Inverse of :func:`_to_plain` (tensors become numpy arrays). Raises ConfigError for a marker that does not
+    hold what :func:`_to_plain` wrote."""
+    import torch
 
-    try:
-        obj = pickle.loads(t.detach().cpu().numpy().tobytes())
-    except Exception as err:  # noqa: BLE001 - any unpickling failure is a bad checkpoint
-        raise ConfigError(f"checkpoint algorithm_state is unreadable ({type(err).__name__}): valid the tensor "
-                          "SparseState.state_dict() wrote") from None
-    if not isinstance(obj, dict):
-        raise ConfigError(f"checkpoint algorithm_state holds a {type(obj).__name__}: valid a dict")
+    if isinstance(obj, torch.Tensor):
+        return obj.numpy().copy()
+    if isinstance(obj, dict):
+        try:
+            if set(obj) == {_RANDOM_STATE}:
+                name, key, pos, has_gauss, cached = obj[_RANDOM_STATE]
+                rs = np.random.RandomState()
+                rs.set_state((name, key.numpy().astype(np.uint32), pos, has_gauss, cached))
+                return rs
+            if set(obj) == {_NP_SCALAR}:
+                dtype, value = obj[_NP_SCALAR]
+                return np.dtype(dtype).type(value)
+        except (TypeError, ValueError, AttributeError) as err:
+            raise ConfigError(f"checkpoint algorithm_state holds a malformed {next(iter(obj))} ({err}): valid "
+                              "what SparseState.state_dict() wrote") from None
+        return {k: _from_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_from_plain(v) for v in obj)
     return obj
 
 

@@ -294,3 +294,26 @@ def test_gtopk_combine_of_all_units_at_once_is_per_unit(collective, mask):
             assert applied_t == applied_a, (trial, r)
             for a, b in zip(together, alone):
                 assert a[4].numpy().tobytes() == b[4].numpy().tobytes(), (trial, r)
+
+
+def test_algorithm_state_checkpoints_as_plain_types(tmp_path):
+    """The p2p wire's algorithm state (PowerSGD's RandomState and Q list, Ok-Topk's float thresholds and int64
+    bounds, numpy scalars) round-trips through torch.save / torch.load(weights_only=True): same types, dtypes,
+    values and generator stream; another type is one clear error."""
+    from sim.ddp_hooks import _from_plain, _to_plain
+    from sim.errors import SparsimError
+
+    rs = np.random.RandomState(7)
+    rs.standard_normal(3)
+    state = {("w", "b"): {"powersgd": {"rng": rs, "q": {0: [np.arange(6.0).reshape(2, 3)]}},
+                          "oktopk": {0: {"local_th": 0.25, "bounds": np.array([0, 4, 9]), "th": np.float32(1.5)}}}}
+    torch.save(_to_plain(state), tmp_path / "s.pt")
+    back = _from_plain(torch.load(tmp_path / "s.pt", weights_only=True))
+    got = back[("w", "b")]
+    assert np.array_equal(got["powersgd"]["q"][0][0], np.arange(6.0).reshape(2, 3))
+    assert got["oktopk"][0]["bounds"].dtype == np.int64 and got["oktopk"][0]["local_th"] == 0.25
+    th = got["oktopk"][0]["th"]
+    assert type(th) is np.float32 and th == np.float32(1.5)
+    assert np.array_equal(got["powersgd"]["rng"].standard_normal(4), rs.standard_normal(4))
+    with pytest.raises(SparsimError, match="algorithm state of type object cannot be checkpointed"):
+        _to_plain({"x": object()})
