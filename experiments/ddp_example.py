@@ -78,14 +78,19 @@ def main(argv=None):
             ("--every", a.every, ">= 1", a.every >= 1), ("--density", a.density, "in (0, 1]", 0 < a.density <= 1),
             ("--lr", a.lr, "> 0", a.lr > 0), ("--start-iter", a.start_iter, ">= 0", a.start_iter >= 0)) if not ok]
         ap.error(bad[0])
-    from sim.ddp_hooks import SparseState
     from sim.errors import ConfigError, SparsimError
-    from sim.torch_backend import WorkerFailure
 
-    try:  # the options checked here, before any process starts: one line, exit 2
+    from experiments.run import _check_torch
+
+    try:  # torch and the options checked here, before any process starts: one line, exit 2
+        _check_torch("experiments/ddp_example.py")
+        from sim.ddp_hooks import SparseState
+
         SparseState(None, a.algorithm, a.density, scope=a.scope, start_iter=a.start_iter)
     except ConfigError as err:
         ap.error(str(err))
+    from sim.torch_backend import WorkerFailure
+
     try:
         log, (hook_s, callback_s), applied = launch_local(
             a.nproc, train_job, (a.iters, a.density, a.algorithm, a.lr, a.every, a.scope, a.start_iter),

@@ -25,3 +25,13 @@ def test_bad_options_one_line_exit_2(args, says):
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], r.stderr
+
+
+def test_without_torch_one_line_exit_2():
+    """Where torch is missing (an optional extra), one line naming the extra, not a traceback."""
+    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['ddp_example.py', '--iters', '1']; "
+            f"runpy.run_path({str(ROOT / 'experiments' / 'ddp_example.py')!r}, run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: experiments/ddp_example.py needs PyTorch: pip install -e '.[torch]'")
