@@ -113,7 +113,8 @@ def partial_dir(out: Path, *, fresh: bool = True) -> Path:
         tmp.mkdir(parents=True, exist_ok=True)
         (tmp / MARKER).write_text("written by sparsim; --force may replace this directory\n")
     except OSError as err:
-        raise ConfigError(f"cannot create the output directory {str(tmp)!r}: {err.strerror}") from None
+        raise ConfigError(f"cannot create the output directory {str(out)!r} (written first as {tmp.name!r}): "
+                          f"{err.strerror}") from None
     return tmp
 
 
