@@ -1,7 +1,7 @@
 """Helpers shared by the benchmark scripts (not a test module; nothing here asserts on time).
 
 - :func:`tune_malloc`: make glibc keep freed memory in the heap instead of returning every large
-  (> 128 KiB) numpy buffer to the kernel with munmap. The simulator allocates many 8 MB arrays per
+  (> 128 KiB) numpy buffer to the kernel with munmap (the CLI's own setting, ``sim._malloc``). The simulator allocates many 8 MB arrays per
   step at d = 10^6; on this VM each fresh page costs a (slow) page fault, which roughly doubles the
   numerics' wall time and adds noise. Both drivers run under the same setting, so the simpy/lockstep
   ratio stays a fair comparison (and, because the shared numerics get cheaper, a stricter one).
@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import cProfile
 import csv
-import ctypes
 import io
-import ctypes.util
 import os
 import platform
 import pstats
@@ -23,30 +21,12 @@ from pathlib import Path
 import numpy as np
 import simpy
 
-# glibc mallopt parameter numbers (malloc.h)
-_M_TRIM_THRESHOLD = -1
-_M_TOP_PAD = -2
-_M_MMAP_THRESHOLD = -3
-
-
 def tune_malloc() -> str:
-    """Raise glibc's mmap threshold to 32 MiB (its maximum) and stop heap trimming; return a note.
+    """Make glibc keep freed memory in the heap: :func:`sim._malloc.keep_freed_memory` (what the CLI does at
+    start-up); returns its one-line note."""
+    from sim._malloc import keep_freed_memory
 
-    Returns a one-line description of what was done ("glibc mallopt: ..." or why nothing was done).
-    """
-    name = ctypes.util.find_library("c")
-    if platform.system() != "Linux" or not name:
-        return "malloc tuning: not available (not glibc)"
-    try:
-        libc = ctypes.CDLL(name)
-        ok = (libc.mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024) == 1
-              and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
-              and libc.mallopt(_M_TOP_PAD, 256 * 1024 * 1024) == 1)
-    except (OSError, AttributeError):
-        return "malloc tuning: not available (no mallopt)"
-    if not ok:
-        return "malloc tuning: mallopt refused"
-    return "malloc tuning: glibc mallopt M_MMAP_THRESHOLD=32MiB, M_TRIM_THRESHOLD=2GiB, M_TOP_PAD=256MiB"
+    return keep_freed_memory()
 
 
 def median(xs) -> float:

@@ -101,6 +101,11 @@ def main(verbose, log_level):
 
     limiter = threadpool_limits(1, user_api="blas")
     click.get_current_context().call_on_close(limiter.restore_original_limits)
+    # freed vectors stay in the heap, so a step's fresh arrays reuse warm pages instead of page-faulting new ones
+    # (a third of a d = 10^7 run was system time); process-wide, not restored (sim/_malloc.py)
+    from sim._malloc import keep_freed_memory
+
+    keep_freed_memory()
     import matplotlib
 
     matplotlib.use("Agg")  # the CLI only writes figure files; importing experiments.plots elsewhere keeps the backend
