@@ -11,11 +11,15 @@ Measures, and writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (a Markdown
    median of --repeats after a warm-up, CUDA-synchronised), next to the simulator's numpy selection
    (:func:`sim.compression.topk`, float64, on the CPU). Each is also given as the coefficient
    ``c = t / (d log2 d)`` of the compute model's selection cost (``ComputeModel.select_coeff_s``; the
-   default 2.19e-10 s is the gTop-k authors' P102-100 fit).
+   default 2.19e-10 s is the gTop-k authors' P102-100 fit). Also the exact selection the torch backend's
+   ranks make with ``torch.select_device: auto`` (``sim.compression.selection_device``: a float32 host vector
+   copied to the device, the tie rule applied there, int64 indices back), next to the same vector on the CPU
+   (``cpu``), after checking both return the same indices.
 2. Per-iteration time of dense (the shared ring definition and the backend's ``all_reduce`` fast path),
    Top-k and gTop-k (tree) through :mod:`sim.torch_backend` with NCCL on P = number of visible GPUs
    (``--P`` to lower it): the numerics are the simulator's numpy code on the CPU, the bytes go through
-   NCCL from device buffers. NCCL refuses two ranks on one GPU, so with one GPU P = 1 and only the
+   NCCL from device buffers, and the Top-k selections are made on the rank's GPU (``torch.select_device``'s
+   default, ``auto``). NCCL refuses two ranks on one GPU, so with one GPU P = 1 and only the
    NCCL set-up, the device staging and the backend's ``all_reduce`` are exercised; the per-iteration
    times are then the local (gradient + selection) times. Mean of iterations 2..--iters (the first is
    warm-up), seconds: compute, compress, comm, total (``iter_time_s``).
@@ -94,23 +98,43 @@ def select_times(device: str, d: int, k: int, repeats: int) -> dict:
         t0 = time.perf_counter()
         np_topk(xn, k)
         tn.append(time.perf_counter() - t0)
+    # the exact selection of the torch backend's ranks: host float32 vector, on the device (auto) and here (cpu)
+    from sim.compression import selection_device
+
+    x32 = xn.astype(np.float32)
+    with selection_device(device):
+        on_dev = np_topk(x32, k)
+    here = np_topk(x32, k)
+    same = bool(np.array_equal(on_dev.idx, here.idx) and np.array_equal(on_dev.val, here.val))
+    te, th = [], []
+    for _ in range(max(1, min(repeats, 5))):
+        with selection_device(device):
+            t0 = time.perf_counter()
+            np_topk(x32, k)
+            te.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        np_topk(x32, k)
+        th.append(time.perf_counter() - t0)
     dl = d * math.log2(d)
     t_dev, t_np = statistics.median(ts), statistics.median(tn)
     return {"d": d, "k": k, "device": device, "torch_topk_s": t_dev, "torch_select_coeff_s": t_dev / dl,
             "numpy_topk_s": t_np, "numpy_select_coeff_s": t_np / dl,
-            "default_select_coeff_s": DEFAULT_SELECT_COEFF_S}
+            "default_select_coeff_s": DEFAULT_SELECT_COEFF_S,
+            "exact_on_device_s": statistics.median(te), "exact_on_cpu_s": statistics.median(th),
+            "exact_same_indices": same}
 
 
 def iteration_job(ctx, d, k, iters, names):
     """Per-rank body: each algorithm for ``iters`` iterations; rank 0 returns {name: mean times}."""
-    from sim.torch_backend import run_worker
+    from sim.torch_backend import resolve_select_device, run_worker
 
     w, x0 = _setup(ctx.P, d)
     out = {}
     for name in names:
         spec, fast = _specs(k)[name]
         r = run_worker(ctx.rank, ctx.P, spec, w, T=iters, lr=lr_const, x0=x0, transport=ctx.transport,
-                       eval_every=iters, backend_allreduce=fast)
+                       eval_every=iters, backend_allreduce=fast,
+                       select_device=resolve_select_device("auto", ctx.rank))  # as a torch-backend run does
         if ctx.rank == 0:
             rows = [row for row in r.rows if row["iteration"] >= 2]
             out[name] = {c: float(np.mean([row[c] for row in rows]))
@@ -183,9 +207,11 @@ def main(argv=None) -> int:
             its.append({"d": d, "k": k, "P": P, "algorithm": name, **res[name]})
         print(f"iterations d = {d}: {time.perf_counter() - t0:.1f} s", flush=True)
     md = [f"GPU check: {gpu}, torch {torch.__version__}, backend {backend}, P = {P}, {env['date']}", "",
-          "| d | k | torch top-k ms | c = t/(d lg d) s | numpy top-k ms | numpy c s |", "|---|---|---|---|---|---|"]
+          "| d | k | torch top-k ms | c = t/(d lg d) s | numpy top-k ms | numpy c s | exact float32 ms, select_device "
+          "auto (copy + device) | cpu | same indices |", "|---|---|---|---|---|---|---|---|---|"]
     md += [f"| {s['d']} | {s['k']} | {1e3 * s['torch_topk_s']:.3f} | {s['torch_select_coeff_s']:.3g} | "
-           f"{1e3 * s['numpy_topk_s']:.1f} | {s['numpy_select_coeff_s']:.3g} |" for s in sel]
+           f"{1e3 * s['numpy_topk_s']:.1f} | {s['numpy_select_coeff_s']:.3g} | {1e3 * s['exact_on_device_s']:.2f} | "
+           f"{1e3 * s['exact_on_cpu_s']:.2f} | {s['exact_same_indices']} |" for s in sel]
     md += ["", "| d | P | algorithm | compute ms | compress ms | comm ms | iteration ms |", "|---|---|---|---|---|---|---|"]
     md += [f"| {r['d']} | {r['P']} | {r['algorithm']} | {1e3 * r['compute_s']:.2f} | {1e3 * r['compress_s']:.2f} | "
            f"{1e3 * r['comm_s']:.2f} | {1e3 * r['iter_time_s']:.2f} |" for r in its]

@@ -231,7 +231,7 @@ def run_id(sc: Scenario, backend: str = "sim") -> str:
     dump = used_keys_dump(sc, backend if backend in ("sim", "torch") else "sim")
     # keys added after a run kind existed enter only when set away from their default, so old ids stay valid
     for table, key, default in (("training", "dtype", "float64"), ("training", "momentum", 0.0),
-                                ("training", "weight_decay", 0.0)):
+                                ("training", "weight_decay", 0.0), ("torch", "select_device", "auto")):
         if dump.get(table, {}).get(key, default) == default:
             dump.get(table, {}).pop(key, None)
     if not dump.get("algorithm", True):
@@ -355,6 +355,10 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
             if not torch.cuda.is_available():
                 raise ConfigError("torch.dist_backend = 'nccl' (--dist-backend) needs a CUDA GPU and none is "
                                   "visible: use gloo")
+        if sc.torch.select_device == "cuda":
+            from sim.torch_backend import resolve_select_device
+
+            resolve_select_device("cuda")  # ConfigError now, before any rank starts, when no GPU is visible
         if backend_allreduce and "dense" not in sc.algorithms:
             raise ConfigError("torch.backend_allreduce (--backend-allreduce) needs dense among the algorithms")
     from .resources import check_resources

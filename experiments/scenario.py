@@ -219,6 +219,7 @@ class TorchCfg(_Strict):
     stall_timeout_s: float = Field(0.0, ge=0, le=604_800, description="seconds without progress on every rank (all stuck in local computation) before the run fails naming them; 0 = off. Also bounds any local computation between two messages or steps (a gradient, rank 0's metrics evaluation)")
     dist_backend: Literal["gloo", "nccl", "auto"] = Field("gloo", description="process-group backend (auto: nccl when a GPU is visible)")
     backend_allreduce: bool = Field(False, description="dense uses torch.distributed.all_reduce (collective backend_allreduce) instead of the shared ring")
+    select_device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where each rank makes its Top-k selections of vectors of d >= 2^15: cuda (its GPU), cpu (numpy/numba), auto (cuda when a GPU is visible); the same indices either way")
 
 
 def used_keys_dump(sc: "Scenario", backend: str = "sim") -> dict:

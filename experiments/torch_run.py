@@ -23,11 +23,12 @@ def scenario_job(ctx, scenario_dump: dict) -> list | None:
     """Run every algorithm of a scenario as rank ``ctx.rank`` (a :class:`sim.torch_backend.DistContext`).
 
     scenario_dump: ``Scenario.model_dump()`` (validated again here); dense uses
-    torch.distributed.all_reduce when its ``torch.backend_allreduce`` is true. Returns on rank 0 the metrics rows of all algorithms in order
+    torch.distributed.all_reduce when its ``torch.backend_allreduce`` is true; each rank makes its Top-k selections
+    where ``torch.select_device`` says (its GPU or the CPU, the same indices). Returns on rank 0 the metrics rows of all algorithms in order
     (list of dicts), None on the other ranks. Raises ConfigError if cluster.P differs from the world size.
     """
     from sim.errors import ConfigError
-    from sim.torch_backend import run_worker
+    from sim.torch_backend import resolve_select_device, run_worker
 
     from .run import build
     from .scenario import Scenario
@@ -41,7 +42,8 @@ def scenario_job(ctx, scenario_dump: dict) -> list | None:
         res = run_worker(ctx.rank, ctx.P, spec, built.workers, T=sc.training.iterations, lr=built.lr, x0=built.x0,
                          transport=ctx.transport, eval_every=sc.training.eval_every,
                          backend_allreduce=sc.torch.backend_allreduce
-                         and "backend_allreduce" in spec.algorithm.collectives)
+                         and "backend_allreduce" in spec.algorithm.collectives,
+                         select_device=resolve_select_device(sc.torch.select_device, ctx.rank))
         if ctx.rank == 0:
             rows.extend(res.rows)
     return rows if ctx.rank == 0 else None

@@ -10,6 +10,7 @@ Gradient Sparsification", IJCAI 2019 (TopK, merge operator, gTopK, Algorithm 1);
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ __all__ = [
     "merge",
     "densify",
     "topk_select_indices",
+    "selection_device",
 ]
 
 
@@ -120,7 +122,50 @@ def topk(x: np.ndarray, k: int) -> Sparse:
     x = np.asarray(x)
     d = x.shape[0]
     k = _check_k(k, d)
+    if _SELECT_DEVICE is not None and d >= _DEVICE_MIN_D and x.ndim == 1 and x.dtype in (np.float32, np.float64):
+        return _topk_on_device(x, k, _SELECT_DEVICE)
     return _topk_fast(x, k)
+
+
+#: The torch device :func:`topk` selects on (None: here, numba or numpy); set with :func:`selection_device`.
+_SELECT_DEVICE = None
+#: Below this d a device selection is not worth its two transfers and kernel launches: :func:`topk` stays here.
+_DEVICE_MIN_D = 1 << 15
+
+
+@contextlib.contextmanager
+def selection_device(device):
+    """Context manager: inside it, :func:`topk` on vectors of d >= 2^15 entries makes its selection with torch on
+    ``device`` (a torch device or its name, e.g. "cuda:0"; None: in numpy/numba as usual), then restores the
+    previous setting.
+
+    The selection is the same bit for bit: the vector is copied to the device, ``sim.torch_backend.topk_torch``
+    finds the indices there (the k largest magnitudes, ties to the lower index, exact zeros never selected,
+    ascending), they come back as int64 and the values are read from the host vector. What it costs: one copy
+    of x to the device (d * itemsize bytes) and of at most k indices back. The torch backend's ranks use it with
+    their GPU (scenario key ``torch.select_device``, :func:`sim.torch_backend.run_worker`). Not thread-safe (a
+    module-level setting). Raises ImportError (torch missing) or torch's error for an unknown device when a
+    selection is made.
+    """
+    global _SELECT_DEVICE
+    before = _SELECT_DEVICE
+    _SELECT_DEVICE = device
+    try:
+        yield
+    finally:
+        _SELECT_DEVICE = before
+
+
+def _topk_on_device(x: np.ndarray, k: int, device) -> Sparse:
+    """:func:`topk` (valid k, float32/float64 x of shape (d,)) with the selection made by torch on ``device``."""
+    import torch
+
+    from .torch_backend import topk_torch
+
+    xt = torch.from_numpy(np.ascontiguousarray(x)).to(device)
+    idx, _ = topk_torch(xt, k)
+    idx = idx.cpu().numpy().astype(np.int64, copy=False)
+    return Sparse(idx, x[idx], x.shape[0])
 
 
 #: Sampled threshold: the sample has about ``_HITS`` entries above the threshold, so the count above it is known

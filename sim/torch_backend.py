@@ -52,7 +52,7 @@ import numpy as np
 from .algorithms import AlgorithmSpec, StepOutput, sgd_step
 from .cluster import CATEGORY_OF_KIND
 from .replay import StepTrace
-from .compression import Sparse
+from .compression import Sparse, selection_device
 from .errors import NonFiniteError, SparsimError, check_range
 from .ops import AllReduce, Compute, Recv, Send, SendRecv, signature
 
@@ -479,7 +479,7 @@ class WorkerResult:
 def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: Callable[[int], float],
                x0: np.ndarray, transport: TorchTransport | None, eval_every: int = 1,
                backend_allreduce: bool = False, keep_trajectory: bool = False, record_trace: bool = False,
-               on_row: Callable[[dict], None] | None = None) -> WorkerResult:
+               on_row: Callable[[dict], None] | None = None, select_device=None) -> WorkerResult:
     """Run T iterations of ``spec`` as rank ``rank`` of P over torch.distributed; return a :class:`WorkerResult`.
 
     workers: anything with ``grad_fn(rank, t) -> (v -> float array (d,))``, ``b`` (int, samples per
@@ -488,6 +488,9 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     backend_allreduce: dense only, use dist.all_reduce (sgd_step's collective ``backend_allreduce``).
     record_trace: keep each step's measured local timeline (:class:`sim.replay.StepTrace`) for
     :func:`sim.replay.replay` (the fidelity benchmark).
+    select_device: a torch device (e.g. "cuda:0") on which the Top-k selections of vectors of d >= 2^15 are made
+    (:func:`sim.compression.selection_device`: the same indices and values as on the CPU), or None (numpy/numba on
+    the CPU); :func:`resolve_select_device` turns the scenario key ``torch.select_device`` into it.
     Every rank must call this with the same arguments. After each step every rank sends its
     accumulator, residual, gradient, counters and clocks to rank 0 (untimed), which builds the metrics
     row with :class:`sim.runner.MetricsRecorder` exactly as the simulator does; iter_time_s is the
@@ -520,40 +523,62 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     sim_now = 0.0  # rank 0: sum over steps of the slowest rank's step time
     traj = [] if keep_trajectory else None
     steps = [] if record_trace else None
-    for t in range(1, T + 1):
-        _beat(t)
-        if transport is not None:
-            transport.where = f"iteration {t} of {spec.label}"
-        prog = sgd_step(spec, rank, P, v, res, workers.grad_fn(rank, t), workers.b, lr(t), t, state)
-        segs = [] if record_trace else None
-        before = busy.copy()
-        t0 = time.perf_counter()
-        out: StepOutput = execute(prog, transport, busy, nbytes, segments=segs)
-        step_s = time.perf_counter() - t0
-        wall += step_s
-        if steps is not None:
-            steps.append(StepTrace(t0, tuple(segs), tuple(float(x) for x in busy - before)))
-        v, res = out.v, out.residual
-        if traj is not None:
-            traj.append(v.copy())
-        # ---- metrics gathering (untimed)
-        mine = (out.acc, out.residual, out.grad, int(out.n_selected), int(out.n_applied), float(step_s), busy.copy(),
-                float(nbytes[0]))
-        if transport is not None:
-            transport.where = f"metrics gathering after iteration {t} of {spec.label}"
-        if rank == 0:
-            snaps = [mine] + [transport.recv(q) for q in range(1, P)]
-            outs = [StepOutput(out.v, s[1], s[0], s[2], out.update, s[3], s[4]) for s in snaps]
-            sim_now += max(s[5] for s in snaps)  # steps are separated by a barrier: the slowest rank sets the pace
-            _beat()
-            rec.finish_iteration(t, outs, sim_now, np.array([s[6] for s in snaps]),
-                                 np.array([s[7] for s in snaps]))
-        else:
-            transport.send(0, mine)
-        if P > 1:
-            transport.barrier()
+    with selection_device(select_device):  # the Top-k selections on this rank's GPU, if given
+        for t in range(1, T + 1):
+            _beat(t)
+            if transport is not None:
+                transport.where = f"iteration {t} of {spec.label}"
+            prog = sgd_step(spec, rank, P, v, res, workers.grad_fn(rank, t), workers.b, lr(t), t, state)
+            segs = [] if record_trace else None
+            before = busy.copy()
+            t0 = time.perf_counter()
+            out: StepOutput = execute(prog, transport, busy, nbytes, segments=segs)
+            step_s = time.perf_counter() - t0
+            wall += step_s
+            if steps is not None:
+                steps.append(StepTrace(t0, tuple(segs), tuple(float(x) for x in busy - before)))
+            v, res = out.v, out.residual
+            if traj is not None:
+                traj.append(v.copy())
+            # ---- metrics gathering (untimed)
+            mine = (out.acc, out.residual, out.grad, int(out.n_selected), int(out.n_applied), float(step_s), busy.copy(),
+                    float(nbytes[0]))
+            if transport is not None:
+                transport.where = f"metrics gathering after iteration {t} of {spec.label}"
+            if rank == 0:
+                snaps = [mine] + [transport.recv(q) for q in range(1, P)]
+                outs = [StepOutput(out.v, s[1], s[0], s[2], out.update, s[3], s[4]) for s in snaps]
+                sim_now += max(s[5] for s in snaps)  # steps are separated by a barrier: the slowest rank sets the pace
+                _beat()
+                rec.finish_iteration(t, outs, sim_now, np.array([s[6] for s in snaps]),
+                                     np.array([s[7] for s in snaps]))
+            else:
+                transport.send(0, mine)
+            if P > 1:
+                transport.barrier()
     rows = rec.rows if rec is not None else None
     return WorkerResult(rank, v, rows, traj, busy, wall, steps)
+
+
+def resolve_select_device(setting: str, rank: int = 0):
+    """The torch device a rank makes its Top-k selections on, from the scenario key ``torch.select_device``:
+    "cpu" -> None (numpy/numba on the CPU); "cuda" -> "cuda:N" with N = rank mod the number of visible GPUs;
+    "auto" -> as "cuda" when torch sees a GPU, else None. Raises ConfigError (one line, naming the key) for "cuda"
+    without a visible GPU or an unknown setting. The selection is the same bit for bit on either device."""
+    from .errors import ConfigError
+
+    if setting not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"torch.select_device = {setting!r} is unknown: valid auto, cpu, cuda")
+    if setting == "cpu":
+        return None
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n == 0:
+        if setting == "cuda":
+            raise ConfigError("torch.select_device = 'cuda' needs a CUDA GPU and none is visible: valid auto, cpu")
+        return None
+    return f"cuda:{rank % n}"
 
 
 # ============================================================================ process group setup
@@ -895,8 +920,8 @@ def topk_torch(x, k: int):
     coordinates, ascending, and x at them (x's dtype and device); at most k entries, exact zeros never
     selected, ties in magnitude to the lower index. ``torch.topk`` supplies only the k-th largest magnitude (its
     values are exact; which of several tied entries it picks is unspecified), the tie rule is applied after it.
-    Not used by :func:`run_worker`, whose numerics stay in numpy on the CPU (the bit-identity with the
-    simulator); it is for selections on tensors that live on the GPU. Raises SparsimError for k outside [1, d],
+    :func:`sim.compression.selection_device` routes :func:`sim.compression.topk` through it (the torch backend's
+    ranks with ``torch.select_device``, the DDP hooks on GPU tensors). Raises SparsimError for k outside [1, d],
     NonFiniteError naming the first NaN coordinate.
     """
     import torch
