@@ -135,9 +135,12 @@ def main(verbose, log_level):
 @click.option("--yes", is_flag=True,
               help="run even when the estimated work (algorithms x iterations x P x (d + message and step costs)) "
                    "is above the limit of 1e11 units, about 3 hours (README: resources)")
+@click.option("--jobs", type=int, default=None,
+              help="sim: algorithms simulated at the same time, each in its own process (same rows; default: as "
+                   "many as there are algorithms, at most 2 x the cores and half the free memory; 1: one at a time)")
 @_user_errors
 def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, nproc, timeout_s, backend_allreduce,
-        dist_backend, yes):
+        dist_backend, yes, jobs):
     """Run SCENARIO (a TOML file; default: the embedded default scenario) and write --out.
 
     Before allocating, a run whose memory estimate exceeds the available memory is refused, and so is one
@@ -163,7 +166,7 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, n
             raise SparsimError(f"--nproc {nproc} differs from --set cluster.P={sc0.cluster.P}: they must be equal")
         ov.append(f"cluster.P={nproc}")
     sc = load_scenario(scenario, ov)
-    path = run_scenario(sc, out, force=force, progress=not quiet, backend=backend, nproc=nproc, yes=yes)
+    path = run_scenario(sc, out, force=force, progress=not quiet, backend=backend, nproc=nproc, yes=yes, jobs=jobs)
     if not quiet:
         _print_summary(path)
     if do_check:

@@ -31,7 +31,7 @@ from sim.errors import ConfigError
 from sim.network import PRESETS, NetworkSpec, get_preset
 from sim.topology import CLUSTER_PRESETS, ClusterSpec, get_cluster_preset
 from sim.objectives import make_objective
-from sim.runner import METRIC_COLUMNS, Workers, run_algorithm
+from sim.runner import METRIC_COLUMNS, Workers
 
 from .outdir import check_out, file_record, partial_dir, publish, write_csv
 from .scenario import Scenario, used_keys_dump
@@ -307,7 +307,8 @@ def _totals(rows: list[dict]) -> dict:
 
 
 def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, progress: bool = True,
-                 figure: bool = True, backend: str = "sim", nproc: int | None = None, yes: bool = False) -> Path:
+                 figure: bool = True, backend: str = "sim", nproc: int | None = None, yes: bool = False,
+                 jobs: int | None = None) -> Path:
     """Run every algorithm of ``sc`` and write the run directory ``out``; return its path.
 
     The directory is built as ``out.partial`` and renamed when complete. Raises ConfigError if ``out``
@@ -329,6 +330,11 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
     rank may go without progress; 0 = no limit), dist_backend ("gloo", "nccl" or "auto") and backend_allreduce (dense uses
     torch.distributed.all_reduce). When a torch rank fails, :class:`sim.torch_backend.WorkerFailure` is raised naming the
     rank and ``out.partial/error.txt`` records it (``out`` is not created).
+
+    jobs (backend "sim"): how many algorithms are simulated at the same time, each in a forked process
+    (:mod:`experiments.algorithm_pool`; the same rows in the same order); None: as many as there are algorithms,
+    at most twice the usable cores and what half the available memory holds; 1: one after another. Raises ConfigError
+    for jobs < 1 and ResourceError when an explicit jobs does not fit in memory.
     """
     out = Path(out)
     if backend not in ("sim", "torch"):
@@ -361,26 +367,29 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
             resolve_select_device("cuda")  # ConfigError now, before any rank starts, when no GPU is visible
         if backend_allreduce and "dense" not in sc.algorithms:
             raise ConfigError("torch.backend_allreduce (--backend-allreduce) needs dense among the algorithms")
+    if jobs is not None and backend != "sim":
+        raise ConfigError("--jobs runs the simulator's algorithms in parallel: valid with --backend sim")
+    from .algorithm_pool import algorithm_jobs, run_algorithms
     from .resources import check_resources
 
-    built = build(sc, functools.partial(check_resources, sc, backend=backend, yes=yes))
+    algorithm_jobs(jobs, 1)  # a bad --jobs fails before anything is built
+    estimate: dict = {}
+
+    def check(d, data_bytes):
+        estimate.update(check_resources(sc, d, data_bytes, backend=backend, yes=yes))
+
+    built = build(sc, check)
     tmp = partial_dir(out)
     try:
         t_wall = time.perf_counter()
         if backend == "sim":
-            rows: list[dict] = []
             clock = _RunClock(sc.training.iterations * len(built.specs))
-            for spec in built.specs:
-                bar = _progress(spec.label, sc.training.iterations, progress, clock)
-                try:
-                    r = run_algorithm(spec, built.workers, T=sc.training.iterations, lr=built.lr, x0=built.x0,
-                                      network=built.network, compute=built.compute,
-                                      eval_every=sc.training.eval_every, on_row=bar.on_row)
-                finally:
-                    bar.close()
-                rows.extend(r)
-                log.info("%s: %d iterations simulated in %.2f s of wall time", spec.label, sc.training.iterations,
-                         time.perf_counter() - t_wall)
+            n_jobs = algorithm_jobs(jobs, len(built.specs), estimate or None)
+            per_spec = run_algorithms(built.specs, built, T=sc.training.iterations,
+                                      eval_every=sc.training.eval_every, jobs=n_jobs,
+                                      bar_for=lambda spec: _progress(spec.label, sc.training.iterations, progress,
+                                                                     clock))
+            rows = [row for r in per_spec for row in r]
             info = {"name": "sim"}
         else:
             from sim.torch_backend import WorkerFailure, launch_local

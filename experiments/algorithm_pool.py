@@ -1,0 +1,187 @@
+"""Run a scenario's algorithms one after another, or at the same time in forked processes, with the same rows.
+
+A scenario's algorithms (the default one: dense, Top-k and gTop-k on the same workers) are independent
+simulations: each starts from the same x0, draws the same mini-batches (they depend only on the seed, the rank
+and the iteration: :func:`sim.data.minibatch`) and shares nothing with the others. So they can run in separate
+processes on separate cores and give the rows the serial run gives, bit for bit; the rows are put back in the
+scenario's algorithm order. The processes are forked from the built run (objective, data, workers), so nothing
+is imported or loaded again and the data pages are shared copy-on-write.
+
+How many run at once (:func:`algorithm_jobs`): ``--jobs`` of ``sparsim run``, or by default as many as the
+scenario has algorithms, at most twice the usable cores, and only while every process's share of the memory estimate
+(:func:`experiments.resources.check_resources`) fits in half the available memory; 1 where fork is not
+available (not Linux/macOS). Errors: an algorithm's error is raised as in the serial run, and when several fail,
+the one earliest in the scenario's order is raised (the serial run's), after the later ones are stopped.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import time
+
+from sim.errors import ConfigError, ResourceError, SparsimError
+from sim.runner import run_algorithm
+
+log = logging.getLogger("sparsim.run")
+
+__all__ = ["algorithm_jobs", "run_algorithms"]
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one, else ``os.cpu_count()``), >= 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def algorithm_jobs(jobs: int | None, n_algorithms: int, estimate: dict | None = None) -> int:
+    """How many of a run's ``n_algorithms`` algorithms to simulate at the same time (>= 1).
+
+    jobs: ``sparsim run --jobs`` (None: automatic; 1: one after another). estimate: the run's
+    :func:`~experiments.resources.check_resources` result ({"memory_bytes", "available_bytes", ...}; memory of
+    one algorithm at a time, in bytes), or None when unknown. Automatic: min(n_algorithms, 2 x usable CPUs), lowered
+    until ``jobs x memory_bytes <= available_bytes / 2``; 1 without fork. An explicit ``jobs`` is capped at
+    n_algorithms. Raises ConfigError for jobs < 1 or not an integer, ResourceError when an explicit ``jobs``
+    processes would need more than the available memory.
+    """
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ConfigError(f"--jobs {jobs!r} is out of range: valid jobs >= 1 (1 = one algorithm at a time)")
+    if n_algorithms < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    mem = (estimate or {}).get("memory_bytes")
+    avail = (estimate or {}).get("available_bytes")
+    if jobs is not None:
+        jobs = min(jobs, n_algorithms)
+        if jobs > 1 and mem and avail is not None and jobs * mem > avail:
+            raise ResourceError(
+                f"--jobs {jobs} would run {jobs} algorithms at once, about {jobs * mem / 2**30:.2f} GiB "
+                f"({mem / 2**30:.2f} GiB each) with {avail / 2**30:.2f} GiB available: valid jobs <= "
+                f"{max(1, avail // mem)}")
+        return jobs
+    # up to twice the cores: the OS time-slices them, so unequal algorithms end together, where a pool of one
+    # process per core leaves a core idle at the end (default scenario, 2 cores: 3 at once 1.2 s, 2 at once 1.4 s)
+    jobs = min(n_algorithms, 2 * usable_cpus())
+    if mem and avail is not None:
+        jobs = min(jobs, max(1, int(avail // (2 * mem))))
+    return jobs
+
+
+def run_algorithms(specs, built, *, T: int, eval_every: int, jobs: int = 1, bar_for=None) -> list[list[dict]]:
+    """Simulate every AlgorithmSpec of ``specs`` on ``built`` (an :class:`experiments.run.Built`); return their rows.
+
+    Returns one list of metric rows (dicts, :data:`sim.runner.METRIC_COLUMNS`) per spec, in the order of
+    ``specs``, the same whatever ``jobs``. jobs: how many run at once (:func:`algorithm_jobs`); 1 runs them here,
+    one after another. bar_for: ``bar_for(spec) -> bar`` with ``on_row(row)`` and ``close()`` (a progress
+    bar; the rows reach it from the processes as they are made), or None. Raises what the algorithm raises
+    (the earliest one in ``specs`` order when several fail), or SparsimError when a process dies without a
+    result (naming the algorithm and its exit code).
+    """
+    specs = list(specs)
+    kw = dict(T=T, lr=built.lr, x0=built.x0, network=built.network, compute=built.compute, eval_every=eval_every)
+    t0 = time.perf_counter()
+    if jobs <= 1 or len(specs) < 2:
+        out = []
+        for spec in specs:
+            bar = bar_for(spec) if bar_for is not None else None
+            try:
+                out.append(run_algorithm(spec, built.workers, on_row=bar.on_row if bar else None, **kw))
+            finally:
+                if bar is not None:
+                    bar.close()
+            log.info("%s: %d iterations simulated in %.2f s of wall time", spec.label, T, time.perf_counter() - t0)
+        return out
+    return _run_forked(specs, built, kw, jobs, bar_for, t0)
+
+
+def _child(conn, spec, workers, kw, ticks: bool) -> None:
+    """Body of a forked process: simulate ``spec`` and send ("rows", rows) or ("error", exception)."""
+    try:
+        on_row = (lambda row: conn.send(("row", {"iteration": row["iteration"]}))) if ticks else None
+        rows = run_algorithm(spec, workers, on_row=on_row, **kw)
+        conn.send(("rows", rows))
+    except BaseException as err:  # noqa: BLE001 - every failure goes to the parent, which raises it
+        try:
+            pickle.loads(pickle.dumps(err))  # an exception the parent cannot rebuild goes as its message
+        except Exception:  # noqa: BLE001
+            err = SparsimError(f"{type(err).__name__}: {err}")
+        conn.send(("error", err))
+    finally:
+        conn.close()
+
+
+def _run_forked(specs, built, kw, jobs, bar_for, t0) -> list[list[dict]]:
+    ctx = multiprocessing.get_context("fork")
+    # the mini-batches of iterations 1..T, drawn once here (as the serial run's first algorithm draws them for the
+    # next ones, up to Workers' memo limit) instead of once in every process; the same draws either way
+    draw = getattr(built.workers, "batch_indices", None)
+    if draw is not None:
+        for t in range(1, kw["T"] + 1):
+            draw(t)
+    pending = list(range(len(specs)))
+    running: dict = {}  # connection -> (index, process, bar)
+    results: list = [None] * len(specs)
+    errors: dict = {}  # index -> exception
+    try:
+        while pending or running:
+            while pending and len(running) < jobs and not errors:
+                i = pending.pop(0)
+                bar = bar_for(specs[i]) if bar_for is not None else None
+                ticks = bar is not None and getattr(bar, "bar", True) is not None
+                recv, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_child, args=(send, specs[i], built.workers, kw, ticks), daemon=True,
+                                   name=f"sparsim-{specs[i].label}")
+                proc.start()
+                send.close()
+                running[recv] = (i, proc, bar)
+            if errors:  # the serial run would have stopped at the earliest failure: later ones need not finish
+                first = min(errors)
+                pending.clear()
+                for conn, (i, proc, bar) in list(running.items()):
+                    if i > first:
+                        _stop(conn, proc, bar)
+                        del running[conn]
+                if not running:
+                    break
+            for conn in multiprocessing.connection.wait(list(running)):
+                i, proc, bar = running[conn]
+                try:
+                    kind, payload = conn.recv()
+                except EOFError:
+                    kind, payload = "died", None
+                if kind == "row":
+                    if bar is not None:
+                        bar.on_row(payload)
+                    continue
+                del running[conn]
+                conn.close()
+                proc.join()
+                if bar is not None:
+                    bar.close()
+                if kind == "rows":
+                    results[i] = payload
+                    log.info("%s: %d iterations simulated in %.2f s of wall time (%d at once)", specs[i].label,
+                             kw["T"], time.perf_counter() - t0, jobs)
+                elif kind == "error":
+                    errors[i] = payload
+                else:
+                    errors[i] = SparsimError(f"the process simulating {specs[i].label} ended without a result "
+                                             f"(exit code {proc.exitcode}); run with --jobs 1 to see its error here")
+    finally:
+        for conn, (i, proc, bar) in running.items():
+            _stop(conn, proc, bar)
+    if errors:
+        raise errors[min(errors)]
+    return results
+
+
+def _stop(conn, proc, bar) -> None:
+    if proc.is_alive():
+        proc.terminate()
+    proc.join()
+    conn.close()
+    if bar is not None:
+        bar.close()
