@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import operator
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 from sim.errors import ConfigError, DataError, SparsimError, check_range
 
-__all__ = ["Dataset", "DATASETS", "load_dataset", "check_finite", "shard_indices", "minibatch", "SHARD_MODES",
+__all__ = ["issparse", "Dataset", "DATASETS", "load_dataset", "check_finite", "shard_indices", "minibatch", "SHARD_MODES",
            "DATA_ABS_MAX"]
 
 #: Largest magnitude of a data entry (feature value). A value's square must stay finite, and so must the sums
@@ -45,6 +49,14 @@ DATASETS = {
 SHARD_MODES = ("iid", "label")
 
 
+
+def issparse(x) -> bool:
+    """Whether ``x`` is a scipy.sparse matrix (``scipy.sparse.issparse``), without importing scipy.sparse: a sparse
+    matrix can exist only once that module is imported, so a process that never loads LIBSVM data never pays for
+    the import (0.1 s of the default scenario's start-up)."""
+    mod = sys.modules.get("scipy.sparse")
+    return mod is not None and mod.issparse(x)
+
 def _as_int(name: str, value, error=ConfigError) -> int:
     """``operator.index(value)`` (bools rejected) or ``error`` naming the value."""
     if isinstance(value, (bool, np.bool_)):
@@ -63,7 +75,7 @@ def _range(name: str, value, lo=None, hi=None, error=ConfigError):
 def _first_bad(X) -> tuple[int, int, float] | None:
     """The first ``(row, column, value)`` in row-major order of ``X`` (ndarray or scipy.sparse; stored entries)
     that is NaN, +-Inf or beyond :data:`DATA_ABS_MAX` in magnitude; None when every entry is in range."""
-    if sp.issparse(X):
+    if issparse(X):
         A = X.tocsr()
         data = A.data
         if data.size == 0 or (-DATA_ABS_MAX <= float(data.min()) and float(data.max()) <= DATA_ABS_MAX):  # NaN fails
@@ -175,7 +187,7 @@ class Dataset:
 
     def __post_init__(self):
         X = self.X
-        if sp.issparse(X):
+        if issparse(X):
             if X.format != "csr" or X.dtype != np.float64:
                 raise DataError(
                     f"data set {self.name!r}: sparse X must be CSR float64, got {X.format} {X.dtype}"
@@ -215,7 +227,7 @@ class Dataset:
     @property
     def is_sparse(self) -> bool:
         """True when ``X`` is a scipy.sparse CSR matrix."""
-        return sp.issparse(self.X)
+        return issparse(self.X)
 
 
 def _load_libsvm(path) -> tuple[sp.csr_matrix, np.ndarray, int, str]:
@@ -239,6 +251,8 @@ def _load_libsvm(path) -> tuple[sp.csr_matrix, np.ndarray, int, str]:
         row = int(np.flatnonzero(~np.isfinite(y_raw))[0])
         raise DataError(f"LIBSVM file {path!r}: label on row {row} is not finite")
     classes, y = np.unique(y_raw, return_inverse=True)
+    import scipy.sparse as sp
+
     X = sp.csr_matrix(X, dtype=np.float64)
     X.sort_indices()
     _check_libsvm_values(path, X)
@@ -355,8 +369,8 @@ def load_dataset(
         source = f"synthetic epsilon-like: n={n}, d={d}, seed={seed}, unit-norm Gaussian rows, hyperplane labels + N(0, 0.5^2) noise"
     if n_max is not None and X.shape[0] > n_max:
         X, y = X[:n_max], y[:n_max]
-        if sp.issparse(X):
-            X = sp.csr_matrix(X)
+        if issparse(X):
+            X = sys.modules["scipy.sparse"].csr_matrix(X)
         else:
             X = np.ascontiguousarray(X)
         source += f"; first {n_max} rows"

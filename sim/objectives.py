@@ -38,12 +38,15 @@ from __future__ import annotations
 import math
 import operator
 
-import numpy as np
-import scipy.sparse as sp
-from scipy.special import expit
+from typing import TYPE_CHECKING
 
-from sim.data import Dataset, load_dataset
+import numpy as np
+
+from sim.data import Dataset, issparse, load_dataset
 from sim.errors import ConfigError, SparsimError, range_text
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 __all__ = [
     "Objective",
@@ -119,11 +122,11 @@ def _lmax_gram(X) -> tuple[float, str, str]:
     """
     n, p = X.shape
     m = min(n, p)
-    sparse = sp.issparse(X)
+    sparse = issparse(X)
     cheap = m <= 4000 and (sparse or n * p * m <= 4e9)
     if cheap:
         G = (X.T @ X) if p <= n else (X @ X.T)
-        G = G.toarray() if sp.issparse(G) else np.asarray(G)
+        G = G.toarray() if issparse(G) else np.asarray(G)
         lmax = float(np.linalg.eigvalsh(G)[-1]) / n if m > 0 else 0.0
         return max(lmax, 0.0) * (1.0 + 1e-12), "analytic", "exact eigensolver on the Gram matrix"
     from scipy.sparse.linalg import LinearOperator, eigsh
@@ -135,12 +138,20 @@ def _lmax_gram(X) -> tuple[float, str, str]:
 
 
 def _row_sq_norms(X) -> np.ndarray:
-    if sp.issparse(X):
+    if issparse(X):
         return np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64).ravel()
     return np.einsum("ij,ij->i", X, X)
 
 
 # ----------------------------------------------------------------------------------------------- base
+
+def expit(x: np.ndarray) -> np.ndarray:
+    """The logistic sigmoid 1 / (1 + exp(-x)), elementwise: ``scipy.special.expit`` (its bits), imported on first
+    use so that runs without a logistic objective do not import scipy."""
+    from scipy.special import expit as _expit
+
+    return _expit(x)
+
 class Objective:
     """Base class of a finite sum f(x) = (1/n) sum_i f_i(x), x ndarray ``(d,)`` of :attr:`dtype` (float64 unless cast
     by :meth:`astype`; "float64" in the method docs below means that dtype).
@@ -183,7 +194,7 @@ class Objective:
         new.dtype = dt
         for name in self._ARITH_ARRAYS:
             arr = getattr(self, name)
-            if sp.issparse(arr):
+            if issparse(arr):
                 arr = arr.astype(dt)
             elif isinstance(arr, np.ndarray) and np.issubdtype(arr.dtype, np.floating):
                 arr = arr.astype(dt)
@@ -658,6 +669,8 @@ class RobustRegressionObjective(Objective):
         """The design matrix as scipy.sparse CSR float64 ``(n, d)`` (built on each access)."""
         nnz = self.cols.shape[1]
         indptr = np.arange(0, self.n * nnz + 1, nnz, dtype=np.int64)
+        import scipy.sparse as sp
+
         return sp.csr_matrix((self.vals.ravel(), self.cols.ravel(), indptr), shape=(self.n, self.d))
 
     def _resid(self, x, idx=None):
@@ -751,7 +764,7 @@ class _RegularisedData(Objective):
     def _setup(self, dataset, lam, mu):
         self.dataset = dataset
         self.X = dataset.X
-        self.sparse = sp.issparse(self.X)
+        self.sparse = issparse(self.X)
         self.lam = _float_param("lam", lam, 0.0)
         self.mu = _float_param("mu", mu, 0.0)
         self.row_sq = _row_sq_norms(self.X)
