@@ -44,3 +44,23 @@ def sum_into(g, idxs, vals, chunk):
         if cur[r] != idxs[r].shape[0]:  # an index >= d
             return False
     return True
+
+
+@njit(cache=True, nogil=True)
+def sum_into_by_rank(g, idxs, vals):
+    """:func:`sum_into` without the chunks: vector r = 0..P-1 in turn, each one pass in index order (the bits of
+    ``for b in blocks: g[b.idx] += b.val``, the same as :func:`sum_into`'s). Faster below about a thousand
+    vectors when g lies in 4 KiB pages (the heap the CLI keeps, ``sim._malloc``): the chunked walk keeps 2P
+    streams of indices and values open at once. Same index rule and return value as :func:`sum_into`."""
+    d = g.shape[0]
+    for r in range(len(idxs)):
+        ix = idxs[r]
+        vv = vals[r]
+        prev = -1
+        for j in range(ix.shape[0]):
+            i = ix[j]
+            if i <= prev or i >= d:
+                return False
+            g[i] = g[i] + vv[j]
+            prev = i
+    return True

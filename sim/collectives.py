@@ -292,6 +292,11 @@ def _sum_in_rank_order(sel: Sparse, blocks: list):
 #: Below this many entries in all, :func:`sparse_sum` uses numpy (microseconds either way): no numba import or
 #: compilation for small runs.
 _NUMBA_MIN_ENTRIES = 1 << 15
+#: From this many vectors on, the numba sum walks the coordinates in cache-sized chunks (:func:`sim._sparse_numba.sum_into`);
+#: below it, one vector after another (``sum_into_by_rank``). Measured at d = 2.5e7, k = 25,000 on the 2-core VM
+#: (README, "Merge speed"): in the CLI's heap (4 KiB pages) by-rank is faster up to P = 512 (P = 64: 10.8 against
+#: 23.6 ms), the chunks win at P = 1024 in float32 (108 against 141 ms); both give the same bits.
+_CHUNKED_MIN_P = 1024
 
 
 def _kernels():
@@ -306,7 +311,8 @@ def sparse_sum(blocks, d: int, dtype, *, use_numba: bool | None = None) -> np.nd
     (a vector that repeats an index gets both terms added on the ``np.add.at`` path, where ``+=`` kept one).
     Every coordinate receives its terms in list order whatever the path: with numba (``use_numba`` None: from
     ``_NUMBA_MIN_ENTRIES`` entries on, if installed; True: whenever installed; False: never) one compiled pass
-    that visits the coordinates in cache-sized chunks (:func:`sim._sparse_numba.sum_into`); otherwise
+    per vector, or, from ``_CHUNKED_MIN_P`` vectors on, one that visits the coordinates in cache-sized chunks
+    (:func:`sim._sparse_numba.sum_into`); otherwise
     ``np.add.at`` per vector (one pass where ``g[idx] += val`` makes three). Values of a dtype other than
     ``dtype`` take the ``g[idx] += val`` path.
     """
@@ -323,7 +329,9 @@ def sparse_sum(blocks, d: int, dtype, *, use_numba: bool | None = None) -> np.nd
             except Exception:  # e.g. read-only arrays among writable ones: numpy below
                 idxs = None
             if idxs is not None and len(idxs):
-                if K.sum_into(g, idxs, vals, max(1, (1 << 20) // dtype.itemsize)):
+                done = (K.sum_into(g, idxs, vals, max(1, (1 << 20) // dtype.itemsize)) if len(idxs) >= _CHUNKED_MIN_P
+                        else K.sum_into_by_rank(g, idxs, vals))
+                if done:
                     return g
                 g[:] = 0  # an index out of order or range: the plain sum below, which raises as it always did
                 same = False

@@ -8,6 +8,8 @@ same indices, values, dtypes, survival masks and applied flags.
 """
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -197,18 +199,25 @@ def block_lists(draw):
     return d, dtype, blocks
 
 
+# the numba sum has two kernels (chunked from C._CHUNKED_MIN_P vectors on, by rank below): each test runs both
+_KERNELS = {"chunked": 0, "by_rank": 10**9}
+
+
 @settings(deadline=None, max_examples=300)
-@given(block_lists(), st.sampled_from([None, False, True]))
-def test_sparse_sum_equals_reference(case, use_numba):
+@given(block_lists(), st.sampled_from([None, False, True]), st.sampled_from(sorted(_KERNELS)))
+def test_sparse_sum_equals_reference(case, use_numba, kernel):
     d, dtype, blocks = case
-    got = C.sparse_sum(blocks, d, dtype, use_numba=use_numba)
+    with mock.patch.object(C, "_CHUNKED_MIN_P", _KERNELS[kernel]):
+        got = C.sparse_sum(blocks, d, dtype, use_numba=use_numba)
     assert _same_bits(got, ref_sum(blocks, d, dtype))
 
 
+@pytest.mark.parametrize("kernel", sorted(_KERNELS))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("use_numba", [None, False, True])
-def test_sparse_sum_equals_reference_large(dtype, use_numba):
+def test_sparse_sum_equals_reference_large(dtype, use_numba, kernel, monkeypatch):
     """Many ranks hitting the same coordinates (rounding order matters), several cache chunks of the kernel."""
+    monkeypatch.setattr(C, "_CHUNKED_MIN_P", _KERNELS[kernel])
     rng = np.random.default_rng(1)
     d, P, k = 600_000, 40, 5_000
     blocks = [Sparse(np.sort(rng.choice(d, k, replace=False)),
@@ -217,8 +226,10 @@ def test_sparse_sum_equals_reference_large(dtype, use_numba):
     assert _same_bits(C.sparse_sum(blocks, d, dtype, use_numba=use_numba), ref_sum(blocks, d, dtype))
 
 
-def test_sparse_sum_mixed_dtypes_and_bad_indices():
+@pytest.mark.parametrize("kernel", sorted(_KERNELS))
+def test_sparse_sum_mixed_dtypes_and_bad_indices(kernel, monkeypatch):
     """Values of another dtype than the accumulator's, and indices out of order or range, behave as before."""
+    monkeypatch.setattr(C, "_CHUNKED_MIN_P", _KERNELS[kernel])
     d = 10
     b32 = Sparse(np.array([1, 4], dtype=np.int64), np.array([0.1, 0.2], np.float32), d)
     b64 = Sparse(np.array([1, 9], dtype=np.int64), np.array([1 / 3, 2.0]), d)
