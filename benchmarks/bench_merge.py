@@ -23,6 +23,10 @@ Cases (defaults; all seeded):
   needs minutes at P = 1024), before (the old merge and survival lookup patched in) and after; the simulated
   times are checked equal.
 
+--malloc: ``keep`` (default) times both sides with freed memory kept in the heap, as ``sparsim`` runs now;
+``glibc`` with glibc's defaults, as the code before #12 ran. The before column of a ``glibc`` run against the
+after column of a ``keep`` run compares the two as their CLIs run them.
+
 Each time is the best of R runs (--repeats; the gTop-k iteration: --iteration-repeats), since other processes
 share this machine's 2 cores and best-of-R is the least disturbed by them; the CSV also has the median.
 
@@ -209,12 +213,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7, help="runs per case (merge, sum); best is reported")
     ap.add_argument("--iteration-repeats", type=int, default=2, help="runs of the simulated iteration")
     ap.add_argument("--skip", default="", help="comma-separated cases to skip: merge, allgather_sum, gtopk_rd_iteration")
+    ap.add_argument("--malloc", choices=["keep", "glibc"], default="keep",
+                    help="keep: freed memory stays in the heap, as the CLI sets it (sim/_malloc.py); glibc: glibc's "
+                         "defaults, as the code before #12 ran (large arrays mmap'd, zeroed by the kernel)")
     ap.add_argument("--out", default="benchmarks/results/merge.csv")
     args = ap.parse_args(argv)
     d = int(args.d)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     print("# " + environment_line(), file=sys.stderr)
-    print("# " + tune_malloc(), file=sys.stderr)
+    print("# " + (tune_malloc() if args.malloc == "keep" else "malloc: glibc defaults"), file=sys.stderr)
     print(f"# numba: {'yes' if C._kernels() else 'no (numpy paths)'}", file=sys.stderr)
     rows: list[list] = []
     if "merge" not in skip:
