@@ -15,11 +15,14 @@ the one earliest in the scenario's order is raised (the serial run's), after the
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import signal
 import time
 
 from sim.errors import ConfigError, ResourceError, SparsimError
@@ -97,30 +100,58 @@ def run_algorithms(specs, built, *, T: int, eval_every: int, jobs: int = 1, bar_
     return _run_forked(specs, built, kw, jobs, bar_for, t0)
 
 
-def _child(conn, spec, workers, kw, ticks: bool) -> None:
-    """Body of a forked process: simulate ``spec`` and send ("rows", rows) or ("error", exception)."""
+def _child(conn, spec, workers, kw, ticks: bool, parent_ends, parent_pid: int) -> None:
+    """Body of a forked process: simulate ``spec`` and send ("rows", rows) or ("error", exception).
+
+    The process dies with its parent (Linux: PR_SET_PDEATHSIG), SIGTERM ends it at once (the parent's handler,
+    which unwinds, is reset) and SIGINT is left to the parent (a Ctrl-C reaches the whole process group; the
+    parent stops the children), and it holds no read end of any result pipe, so a send to a parent that has gone
+    fails instead of blocking. An Exception goes to the parent; nothing is sent for SystemExit/KeyboardInterrupt.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent_pid)
+    for end in parent_ends:
+        end.close()
     try:
         on_row = (lambda row: conn.send(("row", {"iteration": row["iteration"]}))) if ticks else None
-        rows = run_algorithm(spec, workers, on_row=on_row, **kw)
-        conn.send(("rows", rows))
-    except BaseException as err:  # noqa: BLE001 - every failure goes to the parent, which raises it
+        msg = ("rows", run_algorithm(spec, workers, on_row=on_row, **kw))
+    except Exception as err:  # noqa: BLE001 - every failure goes to the parent, which raises it
         try:
             pickle.loads(pickle.dumps(err))  # an exception the parent cannot rebuild goes as its message
         except Exception:  # noqa: BLE001
             err = SparsimError(f"{type(err).__name__}: {err}")
-        conn.send(("error", err))
+        msg = ("error", err)
+    try:
+        conn.send(msg)
+    except OSError:  # the parent has gone (its end is closed): nobody to tell
+        pass
     finally:
         conn.close()
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG), and exit now if the
+    parent died before the request; elsewhere a no-op (the child then ends at its next send, which fails)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _run_forked(specs, built, kw, jobs, bar_for, t0) -> list[list[dict]]:
     ctx = multiprocessing.get_context("fork")
     # the mini-batches of iterations 1..T, drawn once here (as the serial run's first algorithm draws them for the
     # next ones, up to Workers' memo limit) instead of once in every process; the same draws either way
-    draw = getattr(built.workers, "batch_indices", None)
-    if draw is not None:
-        for t in range(1, kw["T"] + 1):
-            draw(t)
+    prefetch = getattr(built.workers, "prefetch_batches", None)
+    if prefetch is not None:
+        prefetch(kw["T"])
     pending = list(range(len(specs)))
     running: dict = {}  # connection -> (index, process, bar)
     results: list = [None] * len(specs)
@@ -132,7 +163,9 @@ def _run_forked(specs, built, kw, jobs, bar_for, t0) -> list[list[dict]]:
                 bar = bar_for(specs[i]) if bar_for is not None else None
                 ticks = bar is not None and getattr(bar, "bar", True) is not None
                 recv, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_child, args=(send, specs[i], built.workers, kw, ticks), daemon=True,
+                parent_ends = [recv, *running]  # this pipe's and the running siblings' read ends
+                proc = ctx.Process(target=_child, args=(send, specs[i], built.workers, kw, ticks, parent_ends,
+                                                        os.getpid()), daemon=True,
                                    name=f"sparsim-{specs[i].label}")
                 proc.start()
                 send.close()
@@ -179,9 +212,13 @@ def _run_forked(specs, built, kw, jobs, bar_for, t0) -> list[list[dict]]:
 
 
 def _stop(conn, proc, bar) -> None:
+    """End a child that is still running (SIGTERM, then SIGKILL after 5 s), reap it, close its pipe and bar."""
+    conn.close()  # a child blocked on a full pipe now gets EPIPE instead of waiting for a reader
     if proc.is_alive():
         proc.terminate()
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
     proc.join()
-    conn.close()
     if bar is not None:
         bar.close()

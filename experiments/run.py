@@ -339,6 +339,12 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
     out = Path(out)
     if backend not in ("sim", "torch"):
         raise ConfigError(f"backend = {backend!r} is unknown: valid sim, torch")
+    from .algorithm_pool import algorithm_jobs, run_algorithms
+
+    algorithm_jobs(jobs, 1)  # a bad --jobs fails before anything is built
+    if jobs is not None and (backend != "sim" or sc.workload.active):
+        raise ConfigError("--jobs runs the simulator's algorithms in parallel: valid with --backend sim and without "
+                          "workload.model / workload.table (a workload run is one timeline)")
     if sc.workload.active:
         if backend != "sim" or nproc is not None:
             raise ConfigError("workload.model / workload.table simulate a real model's iteration timeline: valid "
@@ -367,12 +373,8 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
             resolve_select_device("cuda")  # ConfigError now, before any rank starts, when no GPU is visible
         if backend_allreduce and "dense" not in sc.algorithms:
             raise ConfigError("torch.backend_allreduce (--backend-allreduce) needs dense among the algorithms")
-    if jobs is not None and backend != "sim":
-        raise ConfigError("--jobs runs the simulator's algorithms in parallel: valid with --backend sim")
-    from .algorithm_pool import algorithm_jobs, run_algorithms
     from .resources import check_resources
 
-    algorithm_jobs(jobs, 1)  # a bad --jobs fails before anything is built
     estimate: dict = {}
 
     def check(d, data_bytes):

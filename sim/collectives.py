@@ -303,6 +303,15 @@ def _kernels():
     return kernels("_sparse_numba")
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (``a`` itself when already read-only)."""
+    if not a.flags.writeable:
+        return a
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 def sparse_sum(blocks, d: int, dtype, *, use_numba: bool | None = None) -> np.ndarray:
     """Dense sum of sparse vectors, added in list order: array (d,) of ``dtype``, the bits of
     ``g = np.zeros(d, dtype); for b in blocks: g[b.idx] += b.val``.
@@ -324,9 +333,14 @@ def sparse_sum(blocks, d: int, dtype, *, use_numba: bool | None = None) -> np.nd
         if K is not None and all(b.idx.flags.c_contiguous and b.val.flags.c_contiguous for b in blocks):
             from numba.typed import List
 
+            ia, va = [b.idx for b in blocks], [b.val for b in blocks]
+            if len({a.flags.writeable for a in ia}) > 1 or len({a.flags.writeable for a in va}) > 1:
+                # a typed List holds one array type: read-only views of all (the kernels only read them), where a
+                # mix would be cast unsafely (NumbaTypeSafetyWarning)
+                ia, va = [_read_only(a) for a in ia], [_read_only(a) for a in va]
             try:
-                idxs, vals = List([b.idx for b in blocks]), List([b.val for b in blocks])
-            except Exception:  # e.g. read-only arrays among writable ones: numpy below
+                idxs, vals = List(ia), List(va)
+            except Exception:  # noqa: BLE001 - whatever numba cannot hold: numpy below
                 idxs = None
             if idxs is not None and len(idxs):
                 done = (K.sum_into(g, idxs, vals, max(1, (1 << 20) // dtype.itemsize)) if len(idxs) >= _CHUNKED_MIN_P

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -115,6 +117,8 @@ def test_algorithm_jobs_rules():
 @pytest.mark.parametrize("args, needle", [
     (["--jobs", "0"], "--jobs 0 is out of range: valid jobs >= 1"),
     (["--jobs", "2", "--backend", "torch"], "valid with --backend sim"),
+    (["--jobs", "0", "--set", "workload.model=resnet20-cifar"], "--jobs 0 is out of range: valid jobs >= 1"),
+    (["--jobs", "2", "--set", "workload.model=resnet20-cifar"], "without workload.model"),
 ])
 def test_cli_bad_jobs_is_one_line_exit_2(tmp_path, args, needle):
     r = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "o"), "--quiet"] + args)
@@ -139,3 +143,70 @@ def test_a_later_algorithms_earlier_failure_waits_for_the_earlier_algorithm(monk
         run_algorithms(b.specs, b, T=25, eval_every=1, jobs=3)
     with pytest.raises(ConfigError, match="failure of dense"):
         run_algorithms(b.specs, b, T=25, eval_every=1, jobs=1)
+
+
+def _sparsim_children_after(sig, tmp_path):
+    """Start a parallel `sparsim run` long enough to be interrupted, send ``sig`` to the parent once its three
+    children run, and return (parent's exit code, the children still alive 10 s later, what is left in tmp_path)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    cmd = [sys.executable, "-c", "import sys; from experiments.cli import main; sys.argv[0] = 'sparsim'; main()",
+           "run", "--out", str(tmp_path / "r"), "--quiet", "--jobs", "3", "--algorithms", "topk,randk,gtopk",
+           "--set", "data.objective=sines", "--set", "data.d=10", "--set", "cluster.P=2", "--set", "data.n=64",
+           "--set", "training.batch_size=2", "--set", "training.lr=0.01", "--set", "training.iterations=200000"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        parent = psutil.Process(p.pid)
+        t0 = time.time()
+        while len(parent.children()) < 3 and time.time() - t0 < 60:
+            time.sleep(0.05)
+        kids = parent.children()
+        assert len(kids) == 3
+        os.kill(p.pid, sig)
+        rc = p.wait(timeout=30)
+        gone, alive = psutil.wait_procs(kids, timeout=10)
+        return rc, alive, sorted(x.name for x in tmp_path.iterdir())
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_sigterm_to_the_parent_stops_every_child_and_leaves_no_directory(tmp_path):
+    import signal
+
+    rc, alive, left = _sparsim_children_after(signal.SIGTERM, tmp_path)
+    assert rc == 128 + signal.SIGTERM
+    assert alive == [] and left == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_children_die_with_a_killed_parent(tmp_path):
+    import signal
+
+    rc, alive, _left = _sparsim_children_after(signal.SIGKILL, tmp_path)
+    assert rc == -signal.SIGKILL
+    assert alive == []  # no orphan goes on simulating (or blocks on its pipe) for the run that nobody reads
+
+
+def test_prefetch_keeps_what_fits_and_draws_nothing_more(monkeypatch):
+    import sim.runner as R
+
+    b = _built()
+    w = b.workers
+    one = w.batch_indices(10**6).nbytes  # an iteration's (P, b) int64 array (not kept: an iteration never run)
+    w._batch_memo.clear()
+    monkeypatch.setattr(R, "BATCH_MEMO_BYTES", 5 * one)
+    calls = []
+    real = R.minibatch
+    monkeypatch.setattr(R, "minibatch", lambda *a, **k: calls.append(a[4]) or real(*a, **k))
+    assert w.prefetch_batches(25) == 5
+    assert sorted(w._batch_memo) == [1, 2, 3, 4, 5]
+    assert sorted(set(calls)) == [1, 2, 3, 4, 5, 6]  # the 6th drawn once, found not to fit, and not kept
+    assert w.prefetch_batches(25) == 5 and sorted(set(calls)) == [1, 2, 3, 4, 5, 6]
+    for t in (1, 5):  # the kept draws are the ones a run makes
+        assert (w._batch_memo[t] == np.stack([real(s, w.b, w.seed, r, t) for r, s in enumerate(w.shards)])).all()

@@ -351,3 +351,20 @@ def test_float32_runs_are_identical_on_every_rank():
         run_algorithm(spec, w, T=3, lr=lambda t: 0.5, x0=x0, driver="lockstep", on_step=on_step)
         assert steps == [1, 2, 3]
     assert {"topk", "randk", "gtopk", "gtopk[reference]", "topk[layerwise]", "gtopk[reference,layerwise]"} <= seen
+
+
+@pytest.mark.parametrize("kernel", sorted(_KERNELS))
+def test_sparse_sum_read_only_among_writable_selections_no_warning(kernel, monkeypatch):
+    """A read-only selection (e.g. a shared result's arrays) among writable ones: same bits, no numba warning."""
+    import warnings
+
+    monkeypatch.setattr(C, "_CHUNKED_MIN_P", _KERNELS[kernel])
+    rng = np.random.default_rng(3)
+    d = 200_000
+    blocks = [Sparse(np.sort(rng.choice(d, 20_000, replace=False)), rng.standard_normal(20_000), d) for _ in range(3)]
+    blocks[1].idx.flags.writeable = False
+    blocks[2].val.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = C.sparse_sum(blocks, d, np.float64, use_numba=True)
+    assert _same_bits(got, ref_sum(blocks, d, np.float64))
