@@ -30,7 +30,7 @@ from sim.runner import run_algorithm
 
 log = logging.getLogger("sparsim.run")
 
-__all__ = ["algorithm_jobs", "run_algorithms"]
+__all__ = ["algorithm_jobs", "check_jobs", "run_algorithms"]
 
 
 def usable_cpus() -> int:
@@ -39,6 +39,12 @@ def usable_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def check_jobs(jobs) -> None:
+    """Raise ConfigError (one line naming --jobs and the valid range) unless ``jobs`` is None or an int >= 1."""
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ConfigError(f"--jobs {jobs!r} is out of range: valid jobs >= 1 (1 = one algorithm at a time)")
 
 
 def algorithm_jobs(jobs: int | None, n_algorithms: int, estimate: dict | None = None) -> int:
@@ -51,8 +57,7 @@ def algorithm_jobs(jobs: int | None, n_algorithms: int, estimate: dict | None = 
     n_algorithms. Raises ConfigError for jobs < 1 or not an integer, ResourceError when an explicit ``jobs``
     processes would need more than the available memory.
     """
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-        raise ConfigError(f"--jobs {jobs!r} is out of range: valid jobs >= 1 (1 = one algorithm at a time)")
+    check_jobs(jobs)
     if n_algorithms < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return 1
     mem = (estimate or {}).get("memory_bytes")
@@ -78,8 +83,8 @@ def run_algorithms(specs, built, *, T: int, eval_every: int, jobs: int = 1, bar_
 
     Returns one list of metric rows (dicts, :data:`sim.runner.METRIC_COLUMNS`) per spec, in the order of
     ``specs``, the same whatever ``jobs``. jobs: how many run at once (:func:`algorithm_jobs`); 1 runs them here,
-    one after another. bar_for: ``bar_for(spec) -> bar`` with ``on_row(row)`` and ``close()`` (a progress
-    bar; the rows reach it from the processes as they are made), or None. Raises what the algorithm raises
+    one after another. bar_for: ``bar_for(spec) -> bar`` with ``on_row(row)``, ``close()`` and ``shown`` (a
+    progress bar; when it is shown, the processes send it each row's iteration as they go), or None. Raises what the algorithm raises
     (the earliest one in ``specs`` order when several fail), or SparsimError when a process dies without a
     result (naming the algorithm and its exit code).
     """
@@ -145,6 +150,17 @@ def _die_with_parent(parent_pid: int) -> None:
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
+def _start_child(ctx, spec, workers, kw, ticks: bool, running):
+    """Fork a process simulating ``spec``; return (the read end of its result pipe, the process). ``running``:
+    the read ends of the siblings still running, closed in the child with its own."""
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, spec, workers, kw, ticks, [recv, *running], os.getpid()),
+                       daemon=True, name=f"sparsim-{spec.label}")
+    proc.start()
+    send.close()
+    return recv, proc
+
+
 def _run_forked(specs, built, kw, jobs, bar_for, t0) -> list[list[dict]]:
     ctx = multiprocessing.get_context("fork")
     # the mini-batches of iterations 1..T, drawn once here (as the serial run's first algorithm draws them for the
@@ -161,14 +177,7 @@ def _run_forked(specs, built, kw, jobs, bar_for, t0) -> list[list[dict]]:
             while pending and len(running) < jobs and not errors:
                 i = pending.pop(0)
                 bar = bar_for(specs[i]) if bar_for is not None else None
-                ticks = bar is not None and getattr(bar, "bar", True) is not None
-                recv, send = ctx.Pipe(duplex=False)
-                parent_ends = [recv, *running]  # this pipe's and the running siblings' read ends
-                proc = ctx.Process(target=_child, args=(send, specs[i], built.workers, kw, ticks, parent_ends,
-                                                        os.getpid()), daemon=True,
-                                   name=f"sparsim-{specs[i].label}")
-                proc.start()
-                send.close()
+                recv, proc = _start_child(ctx, specs[i], built.workers, kw, bar is not None and bar.shown, running)
                 running[recv] = (i, proc, bar)
             if errors:  # the serial run would have stopped at the earliest failure: later ones need not finish
                 first = min(errors)

@@ -10,7 +10,6 @@ interrupted run never leaves a directory that looks finished):
 """
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -339,9 +338,9 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
     out = Path(out)
     if backend not in ("sim", "torch"):
         raise ConfigError(f"backend = {backend!r} is unknown: valid sim, torch")
-    from .algorithm_pool import algorithm_jobs, run_algorithms
+    from .algorithm_pool import algorithm_jobs, check_jobs, run_algorithms
 
-    algorithm_jobs(jobs, 1)  # a bad --jobs fails before anything is built
+    check_jobs(jobs)  # a bad --jobs fails before anything is built
     if jobs is not None and (backend != "sim" or sc.workload.active):
         raise ConfigError("--jobs runs the simulator's algorithms in parallel: valid with --backend sim and without "
                           "workload.model / workload.table (a workload run is one timeline)")
@@ -543,6 +542,11 @@ class _progress:
             self.bar = tqdm(total=total, desc=label, unit="it", delay=2.0, leave=False, disable=None)
             if self.bar.disable:
                 self.bar = None
+
+    @property
+    def shown(self) -> bool:
+        """Whether the bar is drawn (stderr is a terminal and progress was asked for)."""
+        return self.bar is not None
 
     def on_row(self, row):
         if row["iteration"] > 0 and self.clock is not None:

@@ -83,7 +83,7 @@ def test_progress_ticks_reach_the_parent_in_order():
 
     class Bar:
         def __init__(self, label):
-            self.label, self.bar = label, object()  # a shown bar: ticks are sent
+            self.label, self.shown = label, True  # a shown bar: ticks are sent
 
         def on_row(self, row):
             seen.setdefault(self.label, []).append(row["iteration"])
