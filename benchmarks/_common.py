@@ -1,8 +1,8 @@
 """Helpers shared by the benchmark scripts (not a test module; nothing here asserts on time).
 
 - :func:`tune_malloc`: make glibc keep freed memory in the heap instead of returning every large
-  (> 128 KiB) numpy buffer to the kernel with munmap (the CLI's own setting, ``sim._malloc``). The simulator allocates many 8 MB arrays per
-  step at d = 10^6; on this VM each fresh page costs a (slow) page fault, which roughly doubles the
+  (> 128 KiB) numpy buffer to the kernel with munmap (the CLI's own setting, ``sim._malloc``). The simulator
+  allocates many 8 MB arrays per step at d = 10^6; on this VM each fresh page costs a (slow) page fault, which roughly doubles the
   numerics' wall time and adds noise. Both drivers run under the same setting, so the simpy/lockstep
   ratio stays a fair comparison (and, because the shared numerics get cheaper, a stricter one).
 - :func:`markdown_table`, :func:`write_csv`, :func:`median`, :func:`profile_by_module`.

@@ -292,8 +292,8 @@ def _sum_in_rank_order(sel: Sparse, blocks: list):
 #: Below this many entries in all, :func:`sparse_sum` uses numpy (microseconds either way): no numba import or
 #: compilation for small runs.
 _NUMBA_MIN_ENTRIES = 1 << 15
-#: From this many vectors on, the numba sum walks the coordinates in cache-sized chunks (:func:`sim._sparse_numba.sum_into`);
-#: below it, one vector after another (``sum_into_by_rank``). Measured at d = 2.5e7, k = 25,000 on the 2-core VM
+#: From this many vectors on, the numba sum walks the coordinates in cache-sized chunks
+#: (:func:`sim._sparse_numba.sum_into`); below it, one vector after another (``sum_into_by_rank``). Measured at d = 2.5e7, k = 25,000 on the 2-core VM
 #: (README, "Merge speed"): in the CLI's heap (4 KiB pages) by-rank is faster up to P = 512 (P = 64: 10.8 against
 #: 23.6 ms), the chunks win at P = 1024 in float32 (108 against 141 ms); both give the same bits.
 _CHUNKED_MIN_P = 1024

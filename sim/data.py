@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 from sim.errors import ConfigError, DataError, SparsimError, check_range
 
-__all__ = ["issparse", "Dataset", "DATASETS", "load_dataset", "check_finite", "shard_indices", "minibatch", "SHARD_MODES",
-           "DATA_ABS_MAX"]
+__all__ = ["issparse", "Dataset", "DATASETS", "load_dataset", "check_finite", "shard_indices", "minibatch",
+           "SHARD_MODES", "DATA_ABS_MAX"]
 
 #: Largest magnitude of a data entry (feature value). A value's square must stay finite, and so must the sums
 #: of squares the objectives form (row norms for L and M, margins, the full gradient): squares of up to 1e100
@@ -49,13 +49,13 @@ DATASETS = {
 SHARD_MODES = ("iid", "label")
 
 
-
 def issparse(x) -> bool:
     """Whether ``x`` is a scipy.sparse matrix (``scipy.sparse.issparse``), without importing scipy.sparse: a sparse
     matrix can exist only once that module is imported, so a process that never loads LIBSVM data never pays for
     the import (0.1 s of the default scenario's start-up)."""
     mod = sys.modules.get("scipy.sparse")
     return mod is not None and mod.issparse(x)
+
 
 def _as_int(name: str, value, error=ConfigError) -> int:
     """``operator.index(value)`` (bools rejected) or ``error`` naming the value."""
@@ -370,7 +370,9 @@ def load_dataset(
     if n_max is not None and X.shape[0] > n_max:
         X, y = X[:n_max], y[:n_max]
         if issparse(X):
-            X = sys.modules["scipy.sparse"].csr_matrix(X)
+            import scipy.sparse as sp
+
+            X = sp.csr_matrix(X)
         else:
             X = np.ascontiguousarray(X)
         source += f"; first {n_max} rows"

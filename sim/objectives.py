@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 import operator
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -143,14 +142,16 @@ def _row_sq_norms(X) -> np.ndarray:
     return np.einsum("ij,ij->i", X, X)
 
 
-# ----------------------------------------------------------------------------------------------- base
-
 def expit(x: np.ndarray) -> np.ndarray:
-    """The logistic sigmoid 1 / (1 + exp(-x)), elementwise: ``scipy.special.expit`` (its bits), imported on first
-    use so that runs without a logistic objective do not import scipy."""
+    """The logistic sigmoid 1 / (1 + exp(-x)), elementwise, same shape and dtype: ``scipy.special.expit`` (its
+    bits), imported on first use so that runs without a logistic objective do not import scipy."""
     from scipy.special import expit as _expit
 
     return _expit(x)
+
+
+# ----------------------------------------------------------------------------------------------- base
+
 
 class Objective:
     """Base class of a finite sum f(x) = (1/n) sum_i f_i(x), x ndarray ``(d,)`` of :attr:`dtype` (float64 unless cast

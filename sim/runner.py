@@ -96,7 +96,7 @@ class Workers:
     def prefetch_batches(self, T: int) -> int:
         """Draw and keep the mini-batches of iterations 1, 2, ... T while they fit in :data:`BATCH_MEMO_BYTES`
         (what the first algorithm of a serial run leaves to the next ones); returns how many iterations are kept.
-        Stops at the first iteration that no longer fits, so it never draws what it cannot keep."""
+        Stops at the first iteration that no longer fits: of those it cannot keep it draws only that one."""
         for t in range(1, int(T) + 1):
             if t not in self._batch_memo:
                 self.batch_indices(t)
