@@ -242,7 +242,7 @@ def run_sweep(out, *, quick: bool = False, force: bool = False, jobs: int | None
     check_out(out, force)
     resolve_jobs(jobs, scheduler)  # checked (and the scheduler reached) before any output
     sp = plan(quick)
-    tmp = partial_dir(out, fresh=False)  # finished runs of an interrupted sweep are reused
+    tmp = partial_dir(out, fresh=False, resume_key=f"bounds quick={quick}")  # finished runs of an interrupted sweep are reused
     (tmp / "runs").mkdir(exist_ok=True)
     cfgs = sp.configs()
     args = [(o, c, b, s, sp.iterations, str(tmp / "runs" / _run_dir_name(o, c, b, s))) for o, c, b, s in cfgs]

@@ -215,7 +215,7 @@ def run_compression(out, *, quick: bool = False, force: bool = False, jobs: int 
     check_out(out, force)
     jobs = resolve_jobs(jobs, scheduler)  # checked (and the scheduler reached) before any output
     objs, T = plan(quick)
-    tmp = partial_dir(out, fresh=False)
+    tmp = partial_dir(out, fresh=False, resume_key=f"compression quick={quick}")
     # the paper's gTop-k runs keep their directory names (runs/NAME_kK), so earlier partial runs are reused
     args = [(o, None, T, str(tmp / "runs" / f"{o.name}_dense"), "dense") for o in objs]
     args += [(o, k, T, str(tmp / "runs" / f"{o.name}_{'' if a == 'gtopk' else a + '_'}k{k}"), a)  # algorithms: paper's

@@ -154,7 +154,7 @@ def run_delta(out, *, quick: bool = False, force: bool = False, jobs: int | None
     check_out(out, force)
     jobs = resolve_jobs(jobs, scheduler)  # checked (and the scheduler reached) before any output
     objs, T = plan(quick)
-    tmp = partial_dir(out, fresh=False)
+    tmp = partial_dir(out, fresh=False, resume_key=f"delta quick={quick}")
     args = [(o, alg, T, str(tmp / "runs" / f"{o.name}_{alg}")) for o in objs for alg in ALGORITHMS]
     results = map_jobs(_one_run, args, jobs=jobs, scheduler=scheduler, desc="delta", progress=progress)
     steps, summary = [], []

@@ -222,7 +222,7 @@ def run_memsgd(out, *, quick: bool = False, force: bool = False, jobs: int | Non
     check_out(out, force)
     jobs = resolve_jobs(jobs, scheduler)  # checked (and the scheduler reached) before any output
     sets, schedules = plan(quick, libsvm)
-    tmp = partial_dir(out, fresh=False)
+    tmp = partial_dir(out, fresh=False, resume_key=f"memsgd quick={quick} libsvm={libsvm}")
     fjobs = [(ds, str(tmp / "runs" / f"{ds.name}_fstar.json")) for ds in sets]
     args = [(ds, s, alg, k, str(tmp / "runs" / (f"{ds.name}_{s}_{alg}" + ("" if k is None else f"_k{k}"))))
             for ds in sets for s in schedules for alg, k in [("sgd", None)] + [(a, k) for a in ("topk", "randk")  # algorithms: Mem-SGD's figure

@@ -97,21 +97,38 @@ def check_out(out: Path, force: bool) -> None:
         raise
 
 
-def partial_dir(out: Path, *, fresh: bool = True) -> Path:
+#: File in ``DIR.partial`` holding the settings of the sweep that may be resumed from it (:func:`partial_dir`).
+RESUME_KEY = ".sparsim-resume-key"
+
+
+def partial_dir(out: Path, *, fresh: bool = True, resume_key: str | None = None) -> Path:
     """Create and return ``out.partial`` holding :data:`MARKER` (emptied first when ``fresh``; kept to resume
     otherwise). Raises ConfigError naming the path when it cannot be created (permissions, read-only) or
-    when it exists, is not empty and was not written by sparsim (no :data:`MARKER`): it is never removed then."""
+    when it exists, is not empty and was not written by sparsim (no :data:`MARKER`): it is never removed then.
+
+    resume_key (with ``fresh=False``): the settings that the kept runs depend on (an experiment's --quick and
+    options); a partial directory left by a sweep with another key (or none) is emptied instead of resumed, so
+    that an interrupted --quick sweep's runs never stand in for a full sweep's (its run folders are named by
+    configuration, not by iteration count). Stored in :data:`RESUME_KEY`."""
     out = Path(out)
     tmp = out.with_name(out.name + ".partial")
     if tmp.is_dir() and any(tmp.iterdir()) and not (tmp / MARKER).exists():
         raise ConfigError(f"{str(tmp)!r} exists and was not written by sparsim: move it away or choose another --out")
     if tmp.exists() and not tmp.is_dir():
         raise ConfigError(f"{str(tmp)!r} is an existing file: move it away or choose another --out")
+    if not fresh and resume_key is not None and tmp.is_dir():
+        try:
+            kept = (tmp / RESUME_KEY).read_text()
+        except OSError:
+            kept = None
+        fresh = kept != resume_key
     try:
         if fresh and tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True, exist_ok=True)
         (tmp / MARKER).write_text("written by sparsim; --force may replace this directory\n")
+        if resume_key is not None:
+            (tmp / RESUME_KEY).write_text(resume_key)
     except OSError as err:
         raise ConfigError(f"cannot create the output directory {str(out)!r} (written first as {tmp.name!r}): "
                           f"{err.strerror}") from None

@@ -1207,7 +1207,7 @@ def run_scaling(out, *, quick: bool = False, force: bool = False, jobs: int | No
     check_out(out, force)
     resolve_jobs(jobs, scheduler)  # checked (and the scheduler reached) before any output
     sp = plan(quick)
-    tmp = partial_dir(out, fresh=False)
+    tmp = partial_dir(out, fresh=False, resume_key=f"scaling quick={quick}")
     cdir = tmp / "cases"
     cdir.mkdir(exist_ok=True)
     work = [("case", (mname, v, P, sp.iterations), str(cdir / f"{mname}_{v}_P{P}_it{sp.iterations}.json"))

@@ -65,3 +65,20 @@ def test_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     line = r.output.strip()
     assert "\n" not in line and "No space left on device" in line and "metrics.csv" in line
     assert not out.exists() and not (tmp_path / "r.partial").exists()
+
+
+def test_partial_dir_resumes_only_the_same_settings(tmp_path):
+    """An interrupted sweep's DIR.partial is kept for a sweep with the same resume key and emptied otherwise
+    (a --quick sweep's runs, named by configuration only, must not stand in for the full sweep's)."""
+    from experiments.outdir import MARKER, RESUME_KEY, partial_dir
+
+    out = tmp_path / "x"
+    tmp = partial_dir(out, fresh=False, resume_key="bounds quick=True")
+    (tmp / "run_a").write_text("quick run")
+    assert (partial_dir(out, fresh=False, resume_key="bounds quick=True") / "run_a").read_text() == "quick run"
+    tmp = partial_dir(out, fresh=False, resume_key="bounds quick=False")
+    assert not (tmp / "run_a").exists() and (tmp / MARKER).exists()
+    assert (tmp / RESUME_KEY).read_text() == "bounds quick=False"
+    (tmp / "run_b").write_text("full run")
+    (tmp / RESUME_KEY).unlink()  # left by a version that wrote no key: not resumed either
+    assert not (partial_dir(out, fresh=False, resume_key="bounds quick=False") / "run_b").exists()

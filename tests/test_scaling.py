@@ -59,15 +59,34 @@ def test_resume_reuses_finished_cases(tmp_path):
     from experiments.scaling import run_scaling, simulate_case
 
     out = tmp_path / "s"
-    from experiments.outdir import MARKER
+    from experiments.outdir import MARKER, RESUME_KEY
 
     cases = tmp_path / "s.partial" / "cases"
     cases.mkdir(parents=True)
     (tmp_path / "s.partial" / MARKER).write_text("")  # as partial_dir leaves it: an interrupted sparsim run
+    (tmp_path / "s.partial" / RESUME_KEY).write_text("scaling quick=True")  # ... of the same settings
     row = {**simulate_case("ResNet-50", "dense", 4), "marker": "reused"}
     (cases / "ResNet-50_dense_P4_it1.json").write_text(json.dumps(row))
     run_scaling(out, quick=True, jobs=1, progress=False)
     assert json.loads((out / "cases" / "ResNet-50_dense_P4_it1.json").read_text())["marker"] == "reused"
+
+
+def test_resume_ignores_cases_of_other_settings(tmp_path):
+    """A partial directory left by a sweep with other settings (here the full one) is not resumed by --quick."""
+    import json
+
+    from experiments.outdir import MARKER, RESUME_KEY
+    from experiments.scaling import run_scaling, simulate_case
+
+    out = tmp_path / "s"
+    cases = tmp_path / "s.partial" / "cases"
+    cases.mkdir(parents=True)
+    (tmp_path / "s.partial" / MARKER).write_text("")
+    (tmp_path / "s.partial" / RESUME_KEY).write_text("scaling quick=False")
+    row = {**simulate_case("ResNet-50", "dense", 4), "marker": "reused"}
+    (cases / "ResNet-50_dense_P4_it1.json").write_text(json.dumps(row))
+    run_scaling(out, quick=True, jobs=1, progress=False)
+    assert "marker" not in json.loads((out / "cases" / "ResNet-50_dense_P4_it1.json").read_text())
 
 
 def test_crossover_simulated_equals_closed_form_small():
