@@ -64,7 +64,7 @@ def map_jobs(fn: Callable[..., Any], args_list: Sequence[tuple], *, jobs: int | 
     - otherwise ``jobs`` local processes (default ``os.cpu_count()``, never more than there are jobs)
       in a ProcessPoolExecutor; ``jobs = 1`` runs inline in this process (no pickling).
 
-    progress: a tqdm bar over completed jobs labelled ``desc``. An exception raised by a job is re-raised
+    progress: a tqdm bar over completed jobs labelled ``desc``, drawn only when stderr is a terminal. An exception raised by a job is re-raised
     here. Raises ConfigError for jobs < 1, SparsimError when ``scheduler`` is given and Dask is not
     installed (naming ``pip install -e '.[experiments]' (in the clone)``) or the scheduler cannot be reached.
     """
@@ -80,12 +80,12 @@ def map_jobs(fn: Callable[..., Any], args_list: Sequence[tuple], *, jobs: int | 
         with _dask_client(scheduler) as client:  # connected before the progress bar appears
             from dask.distributed import as_completed as dask_completed
 
-            with tqdm(total=n, desc=desc, unit="job", disable=not progress) as bar:
+            with tqdm(total=n, desc=desc, unit="job", disable=None if progress else True) as bar:
                 futs = client.map(fn, *zip(*args_list), pure=False)
                 for _ in dask_completed(futs):
                     bar.update(1)
                 return client.gather(futs)
-    bar = tqdm(total=n, desc=desc, unit="job", disable=not progress)
+    bar = tqdm(total=n, desc=desc, unit="job", disable=None if progress else True)
     try:
         if jobs == 1 or n == 1:
             out = []
