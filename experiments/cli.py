@@ -211,9 +211,10 @@ def _print_summary(path):
 
 def _fixed(x: float, width: int, prec: int) -> str:
     """``x`` right-aligned in ``width`` columns with ``prec`` decimals, or in exponent notation when the
-    fixed form would not fit (a huge loss or time is shown as 1.234e+21, not as 22 digits)."""
-    text = f"{x:>{width}.{prec}f}"
-    return text if len(text) <= width else f"{x:>{width}.{max(prec - 2, 2)}e}"
+    fixed form would not leave a blank column before it (a huge loss or time is shown as 1.234e+21, not as 22
+    digits, and -37021.71045 in 12 columns as -3.702e+04, not run together with the column on its left)."""
+    text = f"{x:.{prec}f}"
+    return f"{text:>{width}}" if len(text) < width else f"{x:>{width}.{max(prec - 2, 2)}e}"
 
 
 def _print_workload_summary(path, s):
