@@ -89,7 +89,8 @@ def run_algorithms(specs, built, *, T: int, eval_every: int, jobs: int = 1, bar_
     result (naming the algorithm and its exit code).
     """
     specs = list(specs)
-    kw = dict(T=T, lr=built.lr, x0=built.x0, network=built.network, compute=built.compute, eval_every=eval_every)
+    kw = dict(T=T, lr=built.lr, x0=built.x0, network=built.network, compute=built.compute, eval_every=eval_every,
+              clock=getattr(built, "clock", None))
     t0 = time.perf_counter()
     if jobs <= 1 or len(specs) < 2:
         out = []

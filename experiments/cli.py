@@ -200,6 +200,8 @@ def _print_summary(path):
         clock = "sim time s"
     click.echo(f"P = {r['P']}, d = {r['d']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}), "
                f"B = {r['global_batch_B']}, {where}")
+    if "workload" in r:  # a [model] run: a network on images, timed by its layer-wise timeline
+        return _print_net_summary(r, s)
     click.echo(f"{'algorithm':<20}{'iter time ms':>13}{'compute':>9}{'compress':>9}{'comm':>9}"
                f"{clock:>11}{'final loss':>12}{'||grad||^2':>12}{'max delta':>10}")
     for name, t in s["totals"].items():
@@ -207,6 +209,28 @@ def _print_summary(path):
         click.echo(f"{name:<20}{_fixed(1e3 * t['mean_iter_time_s'], 13, 3)}{_fixed(1e3 * t['mean_compute_s'], 9, 3)}"
                    f"{_fixed(1e3 * t['mean_compress_s'], 9, 3)}{_fixed(1e3 * t['mean_comm_s'], 9, 3)}"
                    f"{_fixed(t['sim_time_s'], 11, 3)}{_fixed(t['final_loss'], 12, 5)}{t['final_grad_norm_sq']:>12.3e}{md:>10}")
+
+
+def _print_net_summary(r, s):
+    """The table of a [model] run: per algorithm the simulated iteration and its split, the simulated time of the
+    run, and the final train loss and test accuracy."""
+    w = r["workload"]
+    dev = w["device"]
+    click.echo(f"{w['name']}: d = {w['parameters']:,} parameters; forward {1e3 * w['forward_s']:.3g} ms + backward "
+               f"{1e3 * w['backward_s']:.3g} ms per iteration" + (f" on {dev['name']}" if dev else "")
+               + f"; data {r['data']['name']} ({r['data']['n_train']:,} train / {r['data']['n_test']:,} test images)")
+    click.echo(f"{'algorithm':<20}{'iter ms':>10}{'compute':>9}{'exposed':>9}{'select':>9}{'overlap':>8}{'iters':>7}"
+               f"{'sim time s':>11}{'train loss':>11}{'test acc':>9}{'max delta':>10}")
+    for name, t in s["totals"].items():
+        md = "" if t["max_delta"] is None else f"{t['max_delta']:.3f}"
+        exposed = t["mean_iter_time_s"] - t["mean_compute_s"]
+        overlap = 1 - exposed / (t["mean_comm_s"] + t["mean_compress_s"]) if t["mean_comm_s"] + t["mean_compress_s"] > 0 \
+            else 0.0
+        acc = t.get("final_test_accuracy")
+        click.echo(f"{name:<20}{_fixed(1e3 * t['mean_iter_time_s'], 10, 3)}{_fixed(1e3 * t['mean_compute_s'], 9, 3)}"
+                   f"{_fixed(1e3 * exposed, 9, 3)}{_fixed(1e3 * t['mean_compress_s'], 9, 3)}"
+                   f"{min(1.0, max(0.0, overlap)):>8.0%}{t['iterations']:>7}{_fixed(t['sim_time_s'], 11, 3)}"
+                   f"{_fixed(t['final_loss'], 11, 4)}{'' if acc is None else f'{acc:.4f}':>9}{md:>10}")
 
 
 def _fixed(x: float, width: int, prec: int) -> str:

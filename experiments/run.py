@@ -58,7 +58,11 @@ class Built:
     def __init__(self, sc: Scenario, check=None):
         self.scenario = sc
         data = sc.data
-        if data.objective in REAL_OBJECTIVES:
+        self.clock = None  # a [model] run's TimelineClock (the network's layer-wise timeline)
+        self.workload = None
+        if sc.model.name:
+            labels = self._build_net(sc, check)
+        elif data.objective in REAL_OBJECTIVES:
             if data.dataset == "libsvm" and not data.path:
                 raise ConfigError("data.path is empty: dataset = libsvm needs the path of a LIBSVM-format file")
             kw = {"path": data.path} if data.dataset == "libsvm" else {}
@@ -104,12 +108,14 @@ class Built:
         self.k = sc.k_for(self.d)
         if self.k > self.d:
             raise ConfigError(f"compression.k = {self.k} is out of range: valid 1 <= k <= d = {self.d}")
-        self.network = build_network(sc.cluster)
+        self.network = build_network(sc.cluster, timing_only=bool(sc.model.name))
         G = self.network.gpus_per_node if isinstance(self.network, ClusterSpec) else 1
         self.compute = ComputeModel(seed=sc.seed, **sc.compute.model_dump())
         self.x0 = obj.x0(sc.seed)
         c = sc.compression
         self.specs = algorithm_specs(sc, self.k, G)
+        if self.workload is not None:
+            self._net_segments(sc)
         if c.layer_sizes:
             sizes = tuple(c.layer_sizes)
             if min(sizes) < 1 or sum(sizes) != self.d:
@@ -135,6 +141,56 @@ class Built:
             self.lr = lambda t: a
         else:
             self.lr = lambda t: tr.lr * tr.inverse_a / (tr.inverse_a + t)
+
+
+    def _build_net(self, sc: Scenario, check):
+        """A [model] run: the image data (sim.idx), the network (sim.nets) as the objective, its layer-wise
+        workload; returns the training labels (for label sharding)."""
+        from sim.idx import load_image_dataset
+        from sim.nets import NET_PARAMS, NetObjective, build_net
+
+        from .run_net import net_data_bytes
+
+        m, tr = sc.model, sc.training
+        if m.name not in NET_PARAMS:
+            build_net(m.name)  # ConfigError naming the valid networks (and timing-only zoo models as such)
+        ds = load_image_dataset(sc.data.dataset, sc.data.path)
+        P, b = sc.cluster.P, tr.batch_size
+        if P * b > ds.n_train:
+            raise ConfigError(f"cluster.P x training.batch_size = {P} x {b} = {P * b} samples per step is out of range: "
+                              f"valid P x batch_size <= {ds.n_train} training images of {sc.data.dataset}")
+        d = NET_PARAMS[m.name]
+        if check is not None:
+            check(d, net_data_bytes(ds, sc))
+        module = build_net(m.name, seed=sc.seed, dtype=tr.dtype)
+        self.objective = NetObjective(module, ds.X_train, ds.y_train, ds.X_test, ds.y_test, dtype=tr.dtype,
+                                      eval_samples=m.eval_samples, test_samples=m.test_samples, gradients=m.gradients,
+                                      chunk=b, name=m.name)
+        self.workload = self.objective.workload()
+        self.dataset = ds
+        return ds.y_train
+
+    def _net_segments(self, sc: Scenario):
+        """A [model] run: the timeline clock, and per-bucket / per-layer selection on the network's own tensors (the
+        buckets the timeline communicates) for the segmented sparse algorithms."""
+        import dataclasses as _dc
+
+        from sim.timeline import TimelineClock, ddp_buckets, flat_segments, layer_buckets
+
+        from .workload_run import _policy, resolve_device
+
+        policy = _policy(sc)
+        dev = resolve_device(sc)
+        self.clock = TimelineClock(self.workload, sc.cluster.P, self.network, policy,
+                                   dev, sc.training.batch_size, self.compute, sc.cluster.engine,
+                                   sc.training.time_budget_s)
+        if policy.sparse == "model":
+            return
+        buckets = ddp_buckets(self.workload, policy, sc.compression.value_bytes) if policy.sparse == "bucket" \
+            else layer_buckets(self.workload)
+        sizes = flat_segments(self.workload, buckets)
+        self.specs = [_dc.replace(s, segments=sizes) if (s.algorithm.sparse and s.algorithm.segmented) else s
+                      for s in self.specs]
 
 
 def algorithm_specs(sc: Scenario, k: int, G: int) -> list[AlgorithmSpec]:
@@ -302,7 +358,20 @@ def _totals(rows: list[dict]) -> dict:
         "max_delta": max(deltas) if deltas else None,
         "mean_delta": (sum(deltas) / len(deltas)) if deltas else None,
         "max_mass_error": max(r["mass_error"] for r in rows),
+        **_accuracy_totals(evald),
     }
+
+
+def _accuracy_totals(evald: list[dict]) -> dict:
+    """A [model] run's accuracy totals from its evaluated rows: the final train / test accuracy and test loss,
+    and the best test accuracy with its iteration and simulated time; {} for an objective without them."""
+    acc = [r for r in evald if not math.isnan(r.get("test_accuracy", math.nan))]
+    if not acc:
+        return {}
+    best = max(acc, key=lambda r: r["test_accuracy"])
+    return {"final_train_accuracy": acc[-1]["train_accuracy"], "final_test_loss": acc[-1]["test_loss"],
+            "final_test_accuracy": acc[-1]["test_accuracy"], "best_test_accuracy": best["test_accuracy"],
+            "best_test_iteration": best["iteration"], "best_test_sim_time_s": best["sim_time_s"]}
 
 
 def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, progress: bool = True,
@@ -344,6 +413,10 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
     if jobs is not None and (backend != "sim" or sc.workload.active):
         raise ConfigError("--jobs runs the simulator's algorithms in parallel: valid with --backend sim and without "
                           "workload.model / workload.table (a workload run is one timeline)")
+    if jobs is not None and jobs > 1 and sc.model.name:
+        raise ConfigError(f"--jobs {jobs} with model.name = {sc.model.name!r}: a network's gradients already use every "
+                          "core through torch's threads (which a forked process cannot reuse), so its algorithms run one "
+                          "after another: valid --jobs 1 or none")
     if sc.workload.active:
         if backend != "sim" or nproc is not None:
             raise ConfigError("workload.model / workload.table simulate a real model's iteration timeline: valid "
@@ -385,7 +458,8 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
         t_wall = time.perf_counter()
         if backend == "sim":
             clock = _RunClock(sc.training.iterations * len(built.specs))
-            n_jobs = algorithm_jobs(jobs, len(built.specs), estimate or None)
+            # a [model] run: torch's thread pool does not survive fork, and its gradients use the cores already
+            n_jobs = 1 if sc.model.name else algorithm_jobs(jobs, len(built.specs), estimate or None)
             per_spec = run_algorithms(built.specs, built, T=sc.training.iterations,
                                       eval_every=sc.training.eval_every, jobs=n_jobs,
                                       bar_for=lambda spec: _progress(spec.label, sc.training.iterations, progress,
@@ -479,6 +553,11 @@ def write_run_directory(tmp: Path, sc: Scenario, built: "Built", rows: list[dict
     }
     if backend is not None and backend.get("name") != "sim":
         summary["backend"] = backend
+    if built.clock is not None:
+        from .run_net import net_resolved
+
+        summary["mode"] = "network on images"
+        summary["resolved"].update(net_resolved(sc, built))
     with open(tmp / "summary.json", "w") as fh:
         json.dump(summary, fh, indent=2, default=_json_default)
     if figure:

@@ -107,8 +107,10 @@ class DataCfg(_Strict):
     """Objective and data."""
 
     objective: str = Field("softmax", description="softmax, logistic (real data); sines, double_well, robust_regression (synthetic)")
-    dataset: str = Field("digits", description="real-data objectives: digits, breast_cancer, libsvm, synthetic_epsilon")
-    path: str = Field("", description="LIBSVM-format file when dataset = libsvm")
+    dataset: str = Field("digits", description="real-data objectives: digits, breast_cancer, libsvm, synthetic_epsilon; "
+                                               "a [model] network: fashion-mnist, mnist (IDX image files)")
+    path: str = Field("", description="LIBSVM-format file when dataset = libsvm; the folder of the four IDX files when "
+                                      "dataset = fashion-mnist (default /usr/share/datasets/fashion-mnist) or mnist")
     sharding: Literal["iid", "label"] = Field("iid", description="how samples are split over workers")
     lam: float = Field(1e-3, ge=0, le=MAX_REGULARISER, description="weight of the non-convex regulariser sum x^2/(1+x^2)")
     mu: float = Field(0.0, ge=0, le=MAX_REGULARISER, description="weight of the convex l2 term mu/2 ||x||^2")
@@ -117,6 +119,8 @@ class DataCfg(_Strict):
 
     #: objectives that train on a data set (the others generate their own data of dimension d and n samples)
     REAL: ClassVar[tuple[str, ...]] = ("softmax", "logistic")
+    #: image data sets in the IDX format, trained by a [model] network (sim.idx)
+    IMAGES: ClassVar[tuple[str, ...]] = ("fashion-mnist", "mnist")
 
     @model_validator(mode="after")
     def _path_in_use(self):
@@ -132,9 +136,9 @@ class DataCfg(_Strict):
             raise ValueError(f"{', '.join('data.' + k for k in unused)}: used only by the synthetic objectives "
                              f"(and n by dataset = 'synthetic_epsilon'); objective = {self.objective!r} on dataset = "
                              f"{self.dataset!r} takes its size from the data")
-        if self.path and self.dataset != "libsvm":
-            raise ValueError(f"data.path = {self.path!r}: used only with dataset = 'libsvm' (here dataset = "
-                             f"{self.dataset!r}, which ignores it)")
+        if self.path and self.dataset not in ("libsvm", *self.IMAGES):
+            raise ValueError(f"data.path = {self.path!r}: used only with dataset = 'libsvm', 'fashion-mnist' or 'mnist' "
+                             f"(here dataset = {self.dataset!r}, which ignores it)")
         return self
 
 
@@ -155,6 +159,10 @@ class TrainingCfg(_Strict):
     momentum: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum m on the synchronised update "
                                                          "(DGC: its local momentum correction); 0 = plain SGD as in the theory")
     weight_decay: float = Field(0.0, ge=0, description="weight decay w, added to the local gradient before error feedback")
+    time_budget_s: float = Field(0.0, ge=0, le=1e9, description="a [model] run: stop at this simulated time (s) instead of "
+                                                                "after training.iterations, which stays the cap: an iteration runs "
+                                                                "when the clock after it (the float64 sum of the iteration times "
+                                                                "before it and its own) is <= the budget; 0 = off")
 
 
 class CompressionCfg(_Strict):
@@ -212,6 +220,22 @@ class WorkloadCfg(_Strict):
         return self
 
 
+class ModelCfg(_Strict):
+    """[model]: a torch network trained on real images inside the simulator (numerics on P simulated workers, the
+    clock from the same network's layer-wise timeline on the scenario's cluster)."""
+
+    name: str = Field("", description="network trained on data.dataset = fashion-mnist or mnist: mlp-256, mlp-1024, mlp-3000, "
+                                      "lenet5, resnet20 (`sparsim workload list` has the timing-only zoo); empty = the [data] "
+                                      "objective")
+    eval_samples: int = Field(2048, ge=0, le=10_000_000, description="training images in an evaluation's loss, ||grad f||^2 and "
+                                                                     "train accuracy (a fixed subset; 0 = all)")
+    test_samples: int = Field(0, ge=0, le=10_000_000, description="test images in test_loss and test_accuracy (the first ones; 0 = all)")
+    gradients: Literal["auto", "vmap", "loop"] = Field(
+        "auto", description="how the P workers' gradients are computed: vmap (one torch.func call over the workers), loop "
+                            "(the per-worker reference, one backward each), auto (vmap without convolutions, else loop: "
+                            "the faster on CPU)")
+
+
 class TorchCfg(_Strict):
     """[torch]: the real backend (``--backend torch``); the simulator ignores this section."""
 
@@ -232,7 +256,17 @@ def used_keys_dump(sc: "Scenario", backend: str = "sim") -> dict:
     cl, data = out["cluster"], out["data"]
     if backend != "torch":
         out.pop("torch")
-    if not sc.workload.active:
+    if not sc.model.name:
+        out.pop("model")
+        out["training"].pop("time_budget_s")
+    if sc.model.name:  # the network's timeline: [workload] minus its model / table; the network replaces [data]'s objective
+        out["workload"].pop("model")
+        out["workload"].pop("table")
+        for k in ("objective", "lam", "mu", "d", "n"):
+            out["data"].pop(k)
+        out["compute"].pop("forward_backward_s")
+        out["compression"].pop("layer_sizes")
+    elif not sc.workload.active:
         out.pop("workload")
     else:
         out.pop("data")
@@ -240,7 +274,7 @@ def used_keys_dump(sc: "Scenario", backend: str = "sim") -> dict:
             out["training"].pop(k)
         out["compute"].pop("forward_backward_s")
         out["compression"].pop("layer_sizes")
-    if "data" in out:
+    if "data" in out and not sc.model.name:
         if sc.data.objective in DataCfg.REAL:
             data.pop("d")
             if sc.data.dataset != "synthetic_epsilon":
@@ -278,6 +312,7 @@ class Scenario(_Strict):
     compression: CompressionCfg = CompressionCfg()
     torch: TorchCfg = TorchCfg()
     workload: WorkloadCfg = WorkloadCfg()
+    model: ModelCfg = ModelCfg()
 
     @field_validator("algorithms")
     @classmethod
@@ -328,11 +363,41 @@ class Scenario(_Strict):
             if w.hook_blocks_backward and w.dense_policy == "horovod" and dense:
                 raise ValueError("workload.hook_blocks_backward = true does not apply to dense_policy = 'horovod' (its "
                                  "background loop never stalls backward): valid dense_policy ddp or none")
-        else:
+        elif not self.model.name:
             unused = w._changed([k for k in WorkloadCfg.model_fields if k not in ("model", "table")])
             if unused:
                 raise ValueError(f"{', '.join('workload.' + k for k in unused)}: used only with workload.model or "
-                                 "workload.table (a real model's timeline); this scenario trains the [data] objective")
+                                 "workload.table (a real model's timeline) or model.name (a network trained on images); "
+                                 "this scenario trains the [data] objective")
+        return self
+
+    @model_validator(mode="after")
+    def _model_keys_in_use(self):
+        m, data = self.model, self.data
+        if not m.name:
+            unused = m._changed([k for k in ModelCfg.model_fields if k != "name"])
+            if unused:
+                raise ValueError(f"{', '.join('model.' + k for k in unused)}: used only with model.name (a network "
+                                 "trained on images)")
+            if data.dataset in DataCfg.IMAGES:
+                raise ValueError(f"data.dataset = {data.dataset!r} holds images: it is trained by a network, valid with "
+                                 "model.name = mlp-256, mlp-1024, mlp-3000, lenet5 or resnet20")
+            if self.training.time_budget_s:
+                raise ValueError(f"training.time_budget_s = {self.training.time_budget_s}: used only with model.name "
+                                 "(a [model] run, whose clock is the network's timeline, known before each step)")
+            return self
+        if self.workload.model or self.workload.table:
+            raise ValueError(f"model.name = {m.name!r} with workload.{'model' if self.workload.model else 'table'} set: "
+                             "give one (model.name trains a network and times it; workload.* alone is timing only)")
+        if data.dataset not in DataCfg.IMAGES:
+            raise ValueError(f"data.dataset = {data.dataset!r} with model.name = {m.name!r}: valid fashion-mnist or mnist "
+                             "(the networks take 1 x 28 x 28 images)")
+        unused = [f"data.{k}" for k in data._changed(("objective", "lam", "mu", "d", "n"))]
+        unused += [f"compute.{k}" for k in self.compute._changed(("forward_backward_s",))]
+        unused += [f"compression.{k}" for k in self.compression._changed(("layer_sizes",))]
+        if unused:
+            raise ValueError(f"{', '.join(unused)}: unused when model.name is set (the network is the objective, its "
+                             "layers on workload.device give the compute, and workload.sparse_policy its selection scope)")
         return self
 
     @model_validator(mode="after")

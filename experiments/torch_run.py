@@ -39,7 +39,10 @@ def scenario_job(ctx, scenario_dump: dict) -> list | None:
     built = build(sc)
     rows = []
     for spec in built.specs:
-        res = run_worker(ctx.rank, ctx.P, spec, built.workers, T=sc.training.iterations, lr=built.lr, x0=built.x0,
+        T = sc.training.iterations
+        if built.clock is not None and built.clock.time_budget_s:  # the simulator's iterations within the budget
+            T = max(1, built.clock.iterations_within(built.clock(spec, T)))
+        res = run_worker(ctx.rank, ctx.P, spec, built.workers, T=T, lr=built.lr, x0=built.x0,
                          transport=ctx.transport, eval_every=sc.training.eval_every,
                          backend_allreduce=sc.torch.backend_allreduce
                          and "backend_allreduce" in spec.algorithm.collectives,

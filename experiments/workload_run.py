@@ -41,7 +41,6 @@ __all__ = ["resolve_workload", "run_workload"]
 def resolve_workload(sc: Scenario):
     """The scenario's workload and device: (Workload, DeviceModel or None). Raises ConfigError for an unknown
     zoo model or device, or a bad layer table."""
-    from sim.workloads.devices import get_device
     from sim.workloads.tables import load_layer_table
     from sim.workloads.zoo import get_model
 
@@ -53,10 +52,19 @@ def resolve_workload(sc: Scenario):
             raise ConfigError(f"{', '.join(given)}: the layer table {w.table!r} gives measured seconds, which no device "
                               "model rescales: valid only with a FLOP table or a zoo model")
         return wl, None
+    return wl, resolve_device(sc)
+
+
+def resolve_device(sc: Scenario):
+    """The DeviceModel of ``workload.device`` with ``workload.efficiency`` applied. Raises ConfigError for an
+    unknown device."""
+    from sim.workloads.devices import get_device
+
+    w = sc.workload
     dev = get_device(w.device)
     if w.efficiency is not None:
         dev = dataclasses.replace(dev, efficiency=w.efficiency)
-    return wl, dev
+    return dev
 
 
 def _specs(sc: Scenario, d: int, G: int) -> list[AlgorithmSpec]:

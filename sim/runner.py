@@ -25,7 +25,7 @@ from .errors import DIVERGENCE_LIMIT, NonFiniteError, SparsimError, check_range
 from .network import NetworkSpec
 
 __all__ = ["METRIC_COLUMNS", "Workers", "BatchedGradients", "run_algorithm", "StepStats", "step_stats",
-           "MetricsRecorder", "CLOCK_RTOL", "ARRAYS_PER_RANK", "ARRAYS_SHARED"]
+           "MetricsRecorder", "CLOCK_RTOL", "ARRAYS_PER_RANK", "ARRAYS_SHARED", "EVAL_COLUMNS"]
 
 #: The clock a run reports must resolve every iteration: the float64 spacing of the clock's value
 #: (``math.ulp(sim_time_s)``) at most CLOCK_RTOL x ``iter_time_s``, so that rounding the clock moves no step of an
@@ -49,8 +49,13 @@ BATCH_MEMO_BYTES = 64 * 2**20
 METRIC_COLUMNS = (
     "algorithm", "iteration", "lr", "sim_time_s", "iter_time_s", "compute_s", "compress_s", "comm_s",
     "loss", "grad_norm_sq", "stoch_grad_norm_sq", "residual_norm_sq", "delta", "bytes_sent",
-    "applied_fraction", "selected_per_worker", "mass_error", "aux_gap", "exposed_comm_s", "overlap_ratio", "run_id",
+    "applied_fraction", "selected_per_worker", "mass_error", "aux_gap", "exposed_comm_s", "overlap_ratio",
+    "train_accuracy", "test_loss", "test_accuracy", "run_id",
 )
+
+#: The columns an objective with an ``evaluate(v)`` method (a network on images, :class:`sim.nets.NetObjective`)
+#: fills at each evaluation point; empty otherwise.
+EVAL_COLUMNS = ("train_accuracy", "test_loss", "test_accuracy")
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,9 @@ class Workers:
         The per-worker path (one objective call per worker; the torch backend's, where each process is one
         worker). The simulated drivers use :class:`BatchedGradients`, which gives the same bits."""
         idx = minibatch(self.shards[rank], self.b, self.seed, rank, iteration)
+        worker_grad = getattr(self.objective, "worker_grad", None)
+        if worker_grad is not None:  # an objective with per-rank state (BatchNorm statistics kept from rank 0's batch)
+            return lambda v: worker_grad(v, idx, rank)
         return lambda v: self.objective.batch_grad(v, idx)
 
     def batch_indices(self, iteration: int) -> np.ndarray:
@@ -305,7 +313,7 @@ class MetricsRecorder:
                 f"at the initial point (iteration 0) of {spec.label}: loss = {loss0:.4g}, ||grad f||^2 = {gn0:.4g} "
                 f"(valid: finite, |loss| and ||grad f|| <= {DIVERGENCE_LIMIT:g}); no step has been taken, so the "
                 "data or the objective's parameters are out of range (check the data's magnitudes, data.lam, data.mu)")
-        self._emit(_row(spec, 0, math.nan, 0.0, 0.0, np.zeros(3), loss0, gn0, None, 0.0, 0.0))
+        self._emit(self._with_eval(_row(spec, 0, math.nan, 0.0, 0.0, np.zeros(3), loss0, gn0, None, 0.0, 0.0), x0))
         self._prev_time = 0.0
         self._prev_busy = None
         self._prev_bytes = None
@@ -317,6 +325,13 @@ class MetricsRecorder:
         if hasattr(obj, "loss_and_grad"):
             return obj.loss_and_grad(v, self._scratch(v) if self._scratch is not None else None)
         return obj.loss(v), obj.full_grad(v)
+
+    def _with_eval(self, row: dict, v: np.ndarray) -> dict:
+        """row with :data:`EVAL_COLUMNS` from ``objective.evaluate(v)`` when the objective has it (else left empty)."""
+        ev = getattr(self.obj, "evaluate", None)
+        if ev is not None:
+            row.update(ev(v))
+        return row
 
     def _emit(self, row):
         self.rows.append(row)
@@ -370,6 +385,8 @@ class MetricsRecorder:
         dt = now - self._prev_time
         _check_clock(spec, t, now, dt, dbusy, dbytes)
         row = _row(spec, t, lr(t), now, dt, dbusy, loss, gn, st, dbytes, aux_gap)
+        if self._evaluate(t):
+            self._with_eval(row, v)
         self._prev_time, self._prev_busy, self._prev_bytes = now, busy.copy(), bytes_sent.copy()
         self._emit(row)
         return row
@@ -398,7 +415,7 @@ def _check_clock(spec: AlgorithmSpec, t: int, now: float, dt: float, dbusy: np.n
 def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable[[int], float], x0: np.ndarray,
                   network: NetworkSpec | None = None, compute: ComputeModel | None = None, driver: str = "simpy",
                   eval_every: int = 1, on_row: Callable[[dict], None] | None = None,
-                  on_step: Callable[[int, list[StepOutput]], None] | None = None) -> list[dict]:
+                  on_step: Callable[[int, list[StepOutput]], None] | None = None, clock=None) -> list[dict]:
     """Run T iterations of ``spec`` on ``len(workers.shards)`` workers; return the metrics rows.
 
     lr: t -> alpha_t (t = 1..T, > 0). x0: float64 or float32 array (d,), v_0 = x_0 on every worker; its dtype is the
@@ -408,6 +425,12 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
     (numerics only; time columns are 0). eval_every: compute loss and grad_norm_sq of the full
     objective every this many iterations (and at the first and last); other rows leave them empty (nan).
     on_row(row) is called after each row (progress bars); on_step(t, outs) sees the raw outputs (tests).
+    clock: a :class:`sim.timeline.TimelineClock` (a network trained on images): the numbers come from the lock-step
+    driver and each iteration's time columns from the network's layer-wise timeline on the cluster (rank 0's split,
+    the slowest rank's iteration time, its exposed communication and overlap ratio, as a ``[workload]`` run);
+    with its time budget the run stops after the last iteration whose clock is within it (fewer than T rows).
+    ``network``, ``compute`` and ``driver`` are then unused. An objective with ``reset_state()`` (BatchNorm
+    statistics) is reset first, so each algorithm starts from the same state.
     Row 0 holds the initial point. Raises SparsimError for bad T, k, P, eval_every, x0 dtype or value_bytes,
     NonFiniteError naming worker and iteration if a gradient becomes NaN/Inf, naming the iteration, the algorithm
     and the value when the run diverges (:data:`sim.errors.DIVERGENCE_LIMIT`), and SparsimError when the clock cannot
@@ -421,10 +444,10 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
 
     with threadpool_limits(1, user_api="blas"):
         return _run_algorithm(spec, workers, T=T, lr=lr, x0=x0, network=network, compute=compute, driver=driver,
-                              eval_every=eval_every, on_row=on_row, on_step=on_step)
+                              eval_every=eval_every, on_row=on_row, on_step=on_step, clock=clock)
 
 
-def _run_algorithm(spec, workers, *, T, lr, x0, network, compute, driver, eval_every, on_row, on_step):
+def _run_algorithm(spec, workers, *, T, lr, x0, network, compute, driver, eval_every, on_row, on_step, clock=None):
     """:func:`run_algorithm`'s body (under its one-thread BLAS limit)."""
     P = len(workers.shards)
     check_range("P", P, 1)
@@ -438,12 +461,23 @@ def _run_algorithm(spec, workers, *, T, lr, x0, network, compute, driver, eval_e
     if spec.value_bytes > x0.dtype.itemsize:
         raise SparsimError(f"value_bytes = {spec.value_bytes} with {x0.dtype} arithmetic: a value is "
                            f"{x0.dtype.itemsize} bytes on the wire: valid value_bytes <= {x0.dtype.itemsize}")
-    if driver == "simpy":
+    timeline = None
+    if clock is not None:
+        timeline = clock(spec, T)
+        T = clock.iterations_within(timeline)
+        if T < 1:
+            raise SparsimError(f"training.time_budget_s = {clock.time_budget_s:g} s is out of range for {spec.label}: its "
+                               f"first iteration alone takes {timeline.iter_s[0]:.6g} s of simulated time: valid budget >= "
+                               "that")
+        driver = "lockstep"
+    elif driver == "simpy":
         from .timing import check_cluster_matches
 
         check_cluster_matches(spec, network)
     if driver not in ("simpy", "lockstep"):
         raise ValueError(f"driver = {driver!r}: valid simpy, lockstep")
+    if hasattr(obj, "reset_state"):
+        obj.reset_state()
     grads = BatchedGradients(workers)
     rec = MetricsRecorder(spec, obj, T=T, lr=lr, x0=x0, eval_every=eval_every, on_row=on_row, on_step=on_step,
                           scratch=grads.scratch)
@@ -454,13 +488,22 @@ def _run_algorithm(spec, workers, *, T, lr, x0, network, compute, driver, eval_e
         vs = [x0.copy() for _ in range(P)]
         res = [np.zeros_like(x0) for _ in range(P)]
         states = [{} for _ in range(P)]
+        if timeline is not None:  # the clock, rank 0's split and bytes, cumulative, every rank alike
+            now = np.cumsum(timeline.iter_s)
+            busy = np.cumsum(np.stack([timeline.compute_s, timeline.compress_s, timeline.comm_s], axis=1), axis=0)
         for t in range(1, T + 1):
             progs = [sgd_step(spec, r, P, vs[r], res[r], grads.grad_fn(r, t), workers.b, lr(t), t, states[r])
                      for r in range(P)]
             outs = run_lockstep(progs)
             vs = [o.v for o in outs]
             res = [o.residual for o in outs]
-            finish_iteration(t, outs, 0.0, np.zeros((P, 3)), np.zeros(P))
+            if timeline is None:
+                finish_iteration(t, outs, 0.0, np.zeros((P, 3)), np.zeros(P))
+                continue
+            row = finish_iteration(t, outs, float(now[t - 1]), np.broadcast_to(busy[t - 1], (P, 3)),
+                                   np.full(P, timeline.bytes_per_rank * t))
+            row["exposed_comm_s"] = float(timeline.exposed_comm_s[t - 1])
+            row["overlap_ratio"] = float(timeline.overlap_ratio[t - 1])
         return rows
 
     cluster = SimCluster(P, network, compute)
@@ -513,4 +556,5 @@ def _row(spec, t, lr_t, now, dt, dbusy, loss, gn, st: StepStats | None, dbytes, 
         # this model runs compute, selection and the collective one after another: nothing is hidden
         "exposed_comm_s": max(0.0, dt - float(dbusy[0])),
         "overlap_ratio": 0.0,
+        **{c: math.nan for c in EVAL_COLUMNS},
     }

@@ -58,7 +58,7 @@ from .workloads.model import DeviceModel, Workload
 
 __all__ = ["DENSE_POLICIES", "SPARSE_POLICIES", "TimelinePolicy", "Bucket", "ddp_buckets", "layer_buckets",
            "whole_model_bucket", "horovod_fusion", "CollectiveTimer", "IterationTimeline", "TimelineResult",
-           "simulate_timeline", "chrome_trace", "bucket_k"]
+           "simulate_timeline", "chrome_trace", "bucket_k", "TimelineClock", "flat_segments"]
 
 #: Dense policies: DDP buckets overlapped with backward, Horovod tensor fusion, or one allreduce after backward.
 DENSE_POLICIES = ("ddp", "horovod", "none")
@@ -493,3 +493,61 @@ def chrome_trace(timelines_by_label: dict, path) -> None:
     with open(tmp, "w") as fh:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)
     os.replace(tmp, path)
+
+
+def flat_segments(workload: Workload, buckets: list[Bucket]) -> tuple[int, ...]:
+    """The sizes of ``buckets`` as consecutive segments of the flat parameter vector (tensors in
+    ``workload.tensors`` order, as ``module.parameters()``), ordered by position: what the numerics' layer-wise
+    selection (``AlgorithmSpec.segments``) needs to select per DDP bucket or per layer exactly as the timeline
+    communicates. Raises ConfigError when a bucket's tensors are not consecutive in that order (autograd's ready
+    order interleaves them), since a segment must be one contiguous range."""
+    spans = []
+    for b in buckets:
+        idx = sorted(b.tensors)
+        if idx != list(range(idx[0], idx[-1] + 1)):
+            raise ConfigError(f"workload {workload.name!r}: a bucket holds tensors {idx} that are not consecutive in the "
+                              "flat parameter vector, so its selection cannot be one segment: valid "
+                              "workload.sparse_policy = 'model' or 'layer' for this network")
+        spans.append((idx[0], sum(workload.tensors[i].numel for i in idx)))
+    return tuple(n for _, n in sorted(spans))
+
+
+@dataclass(frozen=True)
+class TimelineClock:
+    """The simulated clock of a numerics run that trains a real network (a scenario's ``[model]``).
+
+    The numbers (gradients, selections, residuals) come from the per-rank programs on the lock-step driver; the
+    time of each iteration is the same network's layer-wise timeline (:func:`simulate_timeline`) on the cluster:
+    forward and backward per layer on ``device`` (FLOPs of ``workload``) at ``batch_size`` samples per rank, DDP
+    buckets or the sparse policy overlapped with backward, the hierarchy of ``network``. The timing of a step does
+    not depend on the values it carries (every collective's message sizes follow from k and d), so the clock of
+    every iteration is known before the step runs; for the threshold schemes (DGC, Gaussian-k), whose selected
+    count varies, the timeline charges k per bucket, as their timing-only form does.
+
+    time_budget_s > 0: :meth:`iterations_within` keeps the iterations whose end on the clock -- the float64 sum
+    of the iteration times in iteration order, ``np.cumsum`` -- is <= the budget, compared exactly (an iteration
+    ending exactly at the budget runs; one ending a rounding step after it does not).
+    """
+
+    workload: Workload
+    P: int
+    network: object
+    policy: "TimelinePolicy"
+    device: DeviceModel | None
+    batch_size: int
+    compute: ComputeModel
+    engine: str = "auto"
+    time_budget_s: float = 0.0
+
+    def __call__(self, spec: AlgorithmSpec, iterations: int) -> TimelineResult:
+        """The timeline of ``iterations`` iterations of ``spec`` (its segments dropped: the policy gives the
+        buckets and their k_b, the same rule :func:`segment_k` as the numerics' segments)."""
+        return simulate_timeline(dataclasses.replace(spec, segments=None), self.workload, self.P, network=self.network,
+                                 policy=self.policy, device=self.device, batch_size=self.batch_size,
+                                 compute=self.compute, iterations=iterations, engine=self.engine)
+
+    def iterations_within(self, res: TimelineResult) -> int:
+        """How many of ``res``'s iterations run: all without a budget, else those whose clock <= time_budget_s."""
+        if not self.time_budget_s:
+            return len(res.iter_s)
+        return int(np.searchsorted(np.cumsum(res.iter_s), self.time_budget_s, side="right"))

@@ -510,6 +510,8 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     if P > 1 and transport is None:
         raise SparsimError(f"P = {P} ranks need a transport")
     rec = None
+    if hasattr(getattr(workers, "objective", None), "reset_state"):  # BatchNorm statistics: each algorithm from the start
+        workers.objective.reset_state()
     if rank == 0:
         rec = MetricsRecorder(spec, workers.objective, T=T, lr=lr, x0=x0, eval_every=eval_every, on_row=on_row)
         _beat()  # the recorder evaluated the objective at x0

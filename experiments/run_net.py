@@ -1,0 +1,54 @@
+"""The parts of ``sparsim run`` particular to a ``[model]`` scenario: a torch network trained on images.
+
+The run itself is the ordinary numerics run (:mod:`experiments.run`): the network is the objective
+(:class:`sim.nets.NetObjective`), the P workers' programs run on the lock-step driver, and each iteration's time
+comes from the same network's layer-wise timeline on the scenario's cluster (:class:`sim.timeline.TimelineClock`).
+This module holds what only such a run needs: its data-size estimate and its summary.json section.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .scenario import Scenario
+
+__all__ = ["net_data_bytes", "net_resolved"]
+
+#: Bytes of the torch runtime and the network's autograd buffers besides the data, measured as the resident-set
+#: growth of importing torch and taking one batched step of the zoo's networks (about 300 MiB), rounded up.
+TORCH_RUNTIME_BYTES = 512 * 2**20
+
+
+def net_data_bytes(ds, sc: Scenario) -> int:
+    """Bytes a [model] run holds besides the workers' vectors: the images as uint8 and once in the training
+    dtype (float32 or float64; train and test), the batched step's P x d gradient block and the network's
+    activations for the global batch (bounded by 64 x d per sample-batch of the zoo's networks), and the torch
+    runtime (:data:`TORCH_RUNTIME_BYTES`)."""
+    from sim.nets import NET_PARAMS
+
+    w = 4 if sc.training.dtype == "float32" else 8
+    pixels = ds.X_train.size + ds.X_test.size
+    d = NET_PARAMS[sc.model.name]
+    return int(pixels * (1 + w) + 2 * sc.cluster.P * d * w + TORCH_RUNTIME_BYTES)
+
+
+def net_resolved(sc: Scenario, built) -> dict:
+    """summary.json's ``resolved`` additions for a [model] run: the network (parameters, tensors, layers,
+    forward / backward seconds per iteration on the device), the data set, the timeline policy, the segments
+    (per-bucket or per-layer selection) and the time budget."""
+    wl, clock = built.workload, built.clock
+    fwd, bwd = wl.layer_times(sc.training.batch_size, clock.device)
+    ds = built.dataset
+    segs = next((s.segments for s in built.specs if s.segments is not None), None)
+    return {
+        "clock": "layer-wise timeline of the network on the cluster (sim.timeline.TimelineClock); numerics on the "
+                 "lock-step driver",
+        "workload": {"name": wl.name, "parameters": wl.d, "tensors": len(wl.tensors), "layers": len(wl.layers),
+                     "input": wl.input, "source": wl.source, "forward_s": float(fwd.sum()),
+                     "backward_s": float(bwd.sum()),
+                     "device": None if clock.device is None else dataclasses.asdict(clock.device)},
+        "data": {"name": ds.name, "path": ds.path, "n_train": int(ds.y_train.shape[0]),
+                 "n_test": int(ds.y_test.shape[0]), "source": ds.source},
+        "policy": dataclasses.asdict(clock.policy),
+        "segments": list(segs) if segs is not None else None,
+        "time_budget_s": clock.time_budget_s or None,
+    }

@@ -1,0 +1,477 @@
+"""Torch networks on 1 x 28 x 28 images as the objective of the simulator's numerics.
+
+:data:`NET_ZOO` holds networks for Fashion-MNIST / MNIST (10 classes) with exact parameter counts
+(:data:`NET_PARAMS`); :class:`NetObjective` turns any ``torch.nn.Module`` with its training and test images into an
+:class:`sim.objectives.Objective`: the parameters are one flat vector v (``module.parameters()`` order, d = the
+parameter count), a worker's stochastic gradient is the module's mean cross-entropy gradient on its mini-batch, and
+the same ``sgd_step`` programs train it with every registered algorithm.
+
+Gradients of P workers at the price of one global batch: in synchronous S-SGD every worker starts an iteration
+from the same v, so :meth:`NetObjective.batch_grads` computes all P gradients in one call,
+``torch.func.vmap(torch.func.grad(loss))`` over the workers' batches with the parameters shared: every layer's
+forward and input-gradient runs once over the P x b images and only the per-worker weight gradients are P
+separate reductions (batched matrix products). :meth:`NetObjective.batch_grad` is the per-worker reference (the
+same function without vmap, one worker's batch). vmap turns a layer's ``mm`` into a ``bmm`` and a convolution's
+weight gradient into a grouped one, which sum the batch in another order: the two paths agree to a relative
+tolerance (:data:`BATCHED_RTOL`, on the norm of the difference over the norm of the gradient), not bit for bit.
+A run that needs the reference's bits (the torch backend computes one worker per process) sets
+``model.gradients = "loop"`` (the default for networks with convolutions, where the loop is the faster on CPU).
+
+BatchNorm. Each worker normalises over its own mini-batch (vmap keeps the batches apart: the gradient is computed on
+a copy whose BatchNorm layers keep no running statistics, ``torch.func.replace_all_batch_norm_modules_``). The
+running statistics, used only to evaluate (train and test accuracy in eval mode), are kept as DDP keeps them: DDP
+broadcasts rank 0's buffers at every forward, so they are rank 0's -- after each iteration's gradients, one no-grad
+train-mode forward of rank 0's batch at v updates them (momentum 0.1, PyTorch's rule).
+
+Sources: LeNet-5 (LeCun et al., "Gradient-based learning applied to document recognition", Proc. IEEE 1998), the
+CIFAR ResNet-20 (He et al., "Deep residual learning for image recognition", CVPR 2016, section 4.2, option-A
+shortcuts), here with one input channel and a 7 x 7 global pool; Fashion-MNIST (Xiao et al. 2017).
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from .errors import ConfigError, SparsimError
+from .objectives import Objective, _const
+
+__all__ = ["NET_ZOO", "NET_PARAMS", "BATCHED_RTOL", "GRADIENT_MODES", "build_net", "NetObjective", "torch_or_error"]
+
+#: Networks for 1 x 28 x 28 images and 10 classes: name -> one-line description.
+NET_ZOO = {
+    "mlp-256": "784-256-10 MLP, ReLU",
+    "mlp-1024": "784-1024-1024-10 MLP, ReLU",
+    "mlp-3000": "784-3000-3000-10 MLP, ReLU",
+    "lenet5": "LeNet-5 (LeCun et al. 1998): conv5x5 1-6 pad 2, pool, conv5x5 6-16, pool, fc 400-120-84-10, ReLU",
+    "resnet20": "ResNet-20 (He et al. 2016, CIFAR variant) for 1 x 28 x 28: 16-32-64 channels, BatchNorm, option-A "
+                "shortcuts, 7 x 7 global average pool",
+}
+#: Exact parameter counts (sum of p.numel(); checked by the tests against the built modules).
+NET_PARAMS = {"mlp-256": 203_530, "mlp-1024": 1_863_690, "mlp-3000": 11_388_010, "lenet5": 61_706,
+              "resnet20": 269_434}
+#: Relative tolerance ||batched - reference|| / ||reference|| of a worker's gradient (:class:`NetObjective`), per
+#: dtype: bmm / grouped convolutions sum in another order than the per-worker mm / convolution (measured <= 1e-6
+#: in float32 and <= 1e-14 in float64 on the zoo; the bounds leave a factor of 10 or more).
+BATCHED_RTOL = {"float32": 1e-5, "float64": 1e-12}
+
+
+#: How :meth:`NetObjective.batch_grads` computes the P gradients: one vmap call, the per-worker loop, or auto: vmap
+#: for networks without convolutions, the loop for those with (on this project's 2-core CPU vmap's grouped
+#: convolution weight gradients take 1.47 s for ResNet-20 at P = 16, b = 32, the loop 0.87 s, one backward of the
+#: global batch 0.73 s; for the 1.86M MLP vmap is the faster: benchmarks/bench_net_sim.py).
+GRADIENT_MODES = ("auto", "vmap", "loop")
+
+
+def torch_or_error():
+    """The torch module, or ConfigError (one line) naming the extra that installs it."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - exercised only without torch
+        raise ConfigError("a [model] network needs torch, which is not installed: pip install -e '.[torch]' "
+                          "(the CPU build torch==2.13.0)") from None
+    return torch
+
+
+def _modules():
+    """The zoo's module classes (defined on first use: torch is imported only then)."""
+    torch = torch_or_error()
+    from torch import nn
+
+    from .workloads.torch_defs import DownsampleA, ResNetBasicblock
+
+    class MLP(nn.Sequential):
+        """Flatten, then Linear layers with ReLU between them: sizes (784, h_1, ..., 10)."""
+
+        def __init__(self, sizes):
+            layers = [nn.Flatten()]
+            for i in range(len(sizes) - 1):
+                layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+                if i < len(sizes) - 2:
+                    layers.append(nn.ReLU())
+            super().__init__(*layers)
+
+    class LeNet5(nn.Module):
+        """LeNet-5 for 1 x 28 x 28 (the first convolution padded by 2, as for the 32 x 32 original), ReLU, max pool."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
+            self.conv2 = nn.Conv2d(6, 16, 5)
+            self.fc1 = nn.Linear(400, 120)
+            self.fc2 = nn.Linear(120, 84)
+            self.fc3 = nn.Linear(84, 10)
+
+        def forward(self, x):
+            f = torch.nn.functional
+            x = f.max_pool2d(f.relu(self.conv1(x)), 2)
+            x = f.max_pool2d(f.relu(self.conv2(x)), 2)
+            x = torch.flatten(x, 1)
+            return self.fc3(f.relu(self.fc2(f.relu(self.fc1(x)))))
+
+    class ResNet20(nn.Module):
+        """ResNet-20 for 1 x 28 x 28: the zoo's CIFAR blocks (sim.workloads.torch_defs), one input channel."""
+
+        def __init__(self, num_classes: int = 10):
+            super().__init__()
+            self.conv_1_3x3 = nn.Conv2d(1, 16, kernel_size=3, stride=1, padding=1, bias=False)
+            self.bn_1 = nn.BatchNorm2d(16)
+            self.inplanes = 16
+            self.stage_1 = self._make_layer(16, 3, 1)
+            self.stage_2 = self._make_layer(32, 3, 2)
+            self.stage_3 = self._make_layer(64, 3, 2)
+            self.classifier = nn.Linear(64, num_classes)
+
+        def _make_layer(self, planes, blocks, stride):
+            down = DownsampleA(self.inplanes, planes, stride) if stride != 1 or self.inplanes != planes else None
+            layers = [ResNetBasicblock(self.inplanes, planes, stride, down)]
+            self.inplanes = planes
+            layers += [ResNetBasicblock(planes, planes) for _ in range(1, blocks)]
+            return nn.Sequential(*layers)
+
+        def forward(self, x):
+            x = torch.relu(self.bn_1(self.conv_1_3x3(x)))
+            x = self.stage_3(self.stage_2(self.stage_1(x)))
+            return self.classifier(x.mean(dim=(2, 3)))
+
+    return {"mlp-256": lambda: MLP((784, 256, 10)), "mlp-1024": lambda: MLP((784, 1024, 1024, 10)),
+            "mlp-3000": lambda: MLP((784, 3000, 3000, 10)), "lenet5": LeNet5, "resnet20": ResNet20}
+
+
+def build_net(name: str, *, seed: int = 0, dtype: str = "float64"):
+    """The zoo network ``name`` (:data:`NET_ZOO`) with PyTorch's default initialisation drawn from ``seed`` (under
+    ``torch.random.fork_rng``: the global generator is left as it was), parameters in ``dtype`` ("float64" or
+    "float32"), in train mode. Returns a torch.nn.Module taking (B, 1, 28, 28) float images to (B, 10) logits.
+
+    Raises ConfigError for an unknown name (a timing-only model of the workload zoo, e.g. resnet50, is named as
+    such: it has no trainable definition for 1 x 28 x 28 images) or dtype, and when torch is missing."""
+    if name not in NET_ZOO:
+        from .workloads.zoo import ZOO_MODELS
+
+        why = (f"{name!r} is a timing-only model of the workload zoo (workload.model), with no trainable definition "
+               "for 1 x 28 x 28 images" if name in ZOO_MODELS else f"{name!r} is unknown")
+        raise ConfigError(f"model.name = {why}: valid {', '.join(NET_ZOO)}")
+    if dtype not in ("float64", "float32"):
+        raise ConfigError(f"dtype = {dtype!r} is unknown: valid float64, float32")
+    torch = torch_or_error()
+    make = _modules()[name]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        m = make()
+    return m.to(getattr(torch, dtype))
+
+
+def _pixel_stats(X) -> tuple[float, float] | None:
+    """(mean, std) of uint8 images X scaled by 1/255 (float64, population std from the 256-bin histogram: exact
+    and one pass); None for float images (already normalised)."""
+    X = np.asarray(X)
+    if X.dtype != np.uint8:
+        return None
+    counts = np.bincount(X.ravel(), minlength=256).astype(np.float64)
+    v = np.arange(256) / 255.0
+    n = counts.sum()
+    mean = float(counts @ v / n)
+    std = float(np.sqrt(counts @ (v - mean) ** 2 / n))
+    return mean, std or 1.0
+
+
+class NetObjective(Objective):
+    """f(v) = mean cross-entropy of a torch module over its training images, v the flat parameter vector.
+
+    module: a torch.nn.Module (copied; its parameters at construction are :meth:`x0`) mapping (B, 1, 28, 28) to
+    (B, C) logits. X_train, X_test: uint8 (n, 28, 28) images -- scaled by 1/255 and standardised by the training
+    set's mean and standard deviation (float64 statistics) -- or float (n, 1, 28, 28) already normalised; y_train,
+    y_test: int labels (n,). dtype: "float64" or "float32" (the module is cast to it). eval_samples: training
+    images of :meth:`loss` / :meth:`full_grad` / train accuracy (a fixed subset: the first ones of a permutation
+    seeded by 0, rounded down to a multiple of ``chunk``; 0 = all); test_samples: the first test images of the
+    test metrics (0 = all); chunk: samples per BatchNorm batch in :meth:`loss` (the workers' batch size b);
+    gradients: :data:`GRADIENT_MODES`, how :meth:`batch_grads` computes the P gradients.
+
+    Attributes: d (parameters), n (training images), n_classes, tensor_names. Raises ConfigError when the module's
+    output on one image is not (1, C) with C > the largest label (naming both shapes), for eval_samples <
+    chunk, and SparsimError as :class:`~sim.objectives.Objective` for a wrong x or idx.
+    """
+
+    name = "net"
+    shares_point_work = False
+
+    def __init__(self, module, X_train, y_train, X_test, y_test, *, dtype: str = "float64", eval_samples: int = 2048,
+                 test_samples: int = 0, chunk: int = 32, gradients: str = "auto", name: str = "net"):
+        torch = torch_or_error()
+        from torch.func import replace_all_batch_norm_modules_
+
+        self._torch = torch
+        self.name = f"net:{name}"
+        self.net_name = name
+        self.dtype = np.dtype(dtype)
+        tdt = getattr(torch, str(self.dtype))
+        self._tdt = tdt
+        if gradients not in GRADIENT_MODES:
+            raise ConfigError(f"model.gradients = {gradients!r} is unknown: valid {', '.join(GRADIENT_MODES)}")
+        self.chunk = int(chunk)
+        self._stats = copy.deepcopy(module).to(tdt)  # keeps the running statistics; evaluation and rank 0's update
+        self._init_buffers = {k: b.clone() for k, b in self._stats.named_buffers()}
+        self._grad_mod = replace_all_batch_norm_modules_(copy.deepcopy(self._stats))  # BatchNorm over each batch
+        self._grad_mod.train()
+        self.tensor_names = [n for n, _ in self._stats.named_parameters()]
+        self._shapes = [p.shape for _, p in self._stats.named_parameters()]
+        self._numel = [p.numel() for _, p in self._stats.named_parameters()]
+        self.d = int(sum(self._numel))
+        self._x0 = np.concatenate([p.detach().cpu().numpy().ravel() for p in self._stats.parameters()]).astype(
+            self.dtype)
+        self.n_classes = int(max(np.max(y_train), np.max(y_test))) + 1
+        stats = _pixel_stats(X_train)
+        self._X, self._Xt = self._images(X_train, stats), self._images(X_test, stats)
+        self._y = torch.as_tensor(np.array(y_train, dtype=np.int64))
+        self._yt = torch.as_tensor(np.array(y_test, dtype=np.int64))
+        self.n = int(self._X.shape[0])
+        self._check_output()
+        n_eval = self.n if not eval_samples else min(int(eval_samples), self.n)
+        n_eval -= n_eval % self.chunk
+        if n_eval < 1:
+            raise ConfigError(f"model.eval_samples = {eval_samples} is out of range: valid 0 (all) or >= the batch "
+                              f"size {self.chunk} (the loss is evaluated in batches of that size)")
+        self._eval_idx = torch.as_tensor(np.sort(np.random.default_rng(0).permutation(self.n)[:n_eval]))
+        nt = int(self._Xt.shape[0])
+        self._n_test = nt if not test_samples else min(int(test_samples), nt)
+        self.params = {"module": name, "eval_samples": n_eval, "test_samples": self._n_test, "chunk": self.chunk}
+        self._has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in self._stats.modules())
+        has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in self._stats.modules())
+        #: "vmap" (one batched call) or "loop" (the per-worker reference); auto: vmap without convolutions
+        self.gradients = gradients if gradients != "auto" else ("loop" if has_conv else "vmap")
+        self.params["gradients"] = self.gradients
+
+    # -- set-up
+    def _images(self, X, stats):
+        torch = self._torch
+        X = np.asarray(X)
+        if X.dtype == np.uint8:
+            if X.ndim != 3:
+                raise ConfigError(f"images of shape {X.shape}: valid uint8 (n, 28, 28)")
+            mean, std = stats
+            lut = ((np.arange(256) / 255.0 - mean) / std).astype(self.dtype)  # each pixel value once, in float64
+            X = lut[X][:, None]
+        return torch.as_tensor(np.ascontiguousarray(X, dtype=self.dtype))
+
+    def _check_output(self):
+        torch = self._torch
+        shape = tuple(self._X.shape[1:])
+        try:
+            with torch.no_grad():
+                self._stats.eval()
+                out = self._stats(self._X[:1])
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ConfigError(f"the network {self.net_name!r} does not take the data's images of shape "
+                              f"{' x '.join(map(str, shape))} ({msg}): valid a network for that input") from None
+        finally:
+            self._stats.train()
+        if out.ndim != 2 or out.shape[0] != 1 or out.shape[1] < self.n_classes:
+            raise ConfigError(f"the network {self.net_name!r} outputs shape {tuple(out.shape)} for one image of "
+                              f"{' x '.join(map(str, shape))}: valid (1, C) with C >= {self.n_classes} classes")
+
+    def _params(self, x):
+        """The flat vector x (d,) as a {name: tensor view} dict (no copy)."""
+        t = self._torch.from_numpy(x if x.flags.writeable else x.copy())
+        out, off = {}, 0
+        for name, shape, n in zip(self.tensor_names, self._shapes, self._numel):
+            out[name] = t[off:off + n].view(shape)
+            off += n
+        return out
+
+    def _loss_fn(self):
+        torch = self._torch
+        from torch.func import functional_call
+
+        mod = self._grad_mod
+
+        def loss(params, X, y):
+            return torch.nn.functional.cross_entropy(functional_call(mod, params, (X,)), y)
+
+        return loss
+
+    def _flat(self, grads: dict, lead: tuple = ()) -> np.ndarray:
+        """Concatenate per-tensor gradients (each ``lead + shape``) into a numpy array ``lead + (d,)``."""
+        torch = self._torch
+        return torch.cat([grads[n].reshape(*lead, -1) for n in self.tensor_names], dim=-1).numpy()
+
+    # -- gradients
+    def batch_grad(self, x, idx):
+        """Mean gradient over the samples idx (int (b,)) at x (d,), train mode (BatchNorm over this batch): the
+        per-worker reference path. Returns an array (d,) of the objective's dtype; running statistics untouched."""
+        from torch.func import grad
+
+        x = self._check_x(x)
+        idx = self._torch.from_numpy(np.array(self._check_idx(idx)))
+        g = grad(self._loss_fn())(self._params(x), self._X[idx], self._y[idx])
+        return self._flat(g)
+
+    def batch_grads(self, x, idxs, scratch=None):
+        """The P workers' mean gradients at x: array (P, d), row p for batch idxs[p] (int (P, b)); batched with
+        torch.func.vmap when :attr:`gradients` is "vmap" (within :data:`BATCHED_RTOL` of batch_grad), else the
+        per-worker loop (row p has batch_grad's bits). Then updates the running statistics from rank 0's batch idxs[0] (module docstring)."""
+        from torch.func import grad, vmap
+
+        x = self._check_x(x)
+        idxs = self._check_idxs(idxs)
+        if self.gradients == "vmap":
+            it = self._torch.as_tensor(np.array(idxs))
+            g = vmap(grad(self._loss_fn()), in_dims=(None, 0, 0))(self._params(x), self._X[it], self._y[it])
+            out = self._flat(g, (idxs.shape[0],))
+        else:
+            out = np.stack([self.batch_grad(x, i) for i in idxs])
+        self._observe(x, idxs[0])
+        return out
+
+    def worker_grad(self, x, idx, rank: int):
+        """Worker ``rank``'s gradient (:meth:`batch_grad`); rank 0 also updates the running statistics from its
+        batch (the per-worker path's equivalent of :meth:`batch_grads`)."""
+        g = self.batch_grad(x, idx)
+        if rank == 0:
+            self._observe(self._check_x(x), idx)
+        return g
+
+    def _observe(self, x, idx):
+        """Rank 0's train-mode forward of batch idx at x, no gradient: updates the BatchNorm running statistics."""
+        if not self._has_bn:
+            return
+        torch = self._torch
+        from torch.func import functional_call
+
+        self._stats.train()
+        with torch.no_grad():
+            functional_call(self._stats, self._params(x), (self._X[torch.from_numpy(np.array(idx, dtype=np.int64))],))
+
+    def reset_state(self) -> None:
+        """Restore the running statistics of construction (each algorithm of a run starts from them)."""
+        with self._torch.no_grad():
+            for k, b in self._stats.named_buffers():
+                b.copy_(self._init_buffers[k])
+
+    # -- the objective f (evaluation subset, train mode in batches of ``chunk``)
+    def _chunked_loss(self, params):
+        from torch.func import vmap
+
+        idx = self._eval_idx
+        c = self.chunk
+        X = self._X[idx].reshape(-1, c, *self._X.shape[1:])
+        y = self._y[idx].reshape(-1, c)
+        if self.gradients == "vmap":
+            return vmap(self._loss_fn(), in_dims=(None, 0, 0))(params, X, y).mean()
+        lf = self._loss_fn()
+        return sum(lf(params, X[i], y[i]) for i in range(X.shape[0])) / X.shape[0]
+
+    def loss(self, x):
+        """f(x): mean over the evaluation subset's batches of ``chunk`` images of their mean cross-entropy (float)."""
+        with self._torch.no_grad():
+            return float(self._chunked_loss(self._params(self._check_x(x))))
+
+    def loss_and_grad(self, x, scratch=None):
+        """(f(x), grad f(x) as an array (d,)) in one forward and backward."""
+        from torch.func import grad_and_value
+
+        x = self._check_x(x)
+        g, val = grad_and_value(self._chunked_loss)(self._params(x))
+        return float(val), self._flat(g)
+
+    def full_grad(self, x):
+        """grad f(x): array (d,) of the objective's dtype."""
+        return self.loss_and_grad(x)[1]
+
+    def batch_loss(self, x, idx):
+        """Mean cross-entropy over samples idx at x, train mode (float)."""
+        x = self._check_x(x)
+        idx = self._torch.from_numpy(np.array(self._check_idx(idx)))
+        with self._torch.no_grad():
+            return float(self._loss_fn()(self._params(x), self._X[idx], self._y[idx]))
+
+    def sample_grad_norms(self, x):
+        """||grad f_i(x)|| for each image of the evaluation subset (float64 (n_eval,)): per-sample gradients with
+        vmap; a BatchNorm network normalises a single image by its own statistics there (its per-sample gradient is
+        not the one inside a batch), so for such networks this is a different quantity and is said so by
+        :meth:`constants`."""
+        from torch.func import grad, vmap
+
+        x = self._check_x(x)
+        lf = self._loss_fn()
+        out = []
+        for part in self._eval_idx.split(256):
+            g = vmap(grad(lambda p, X, y: lf(p, X[None], y[None])), in_dims=(None, 0, 0))(
+                self._params(x), self._X[part], self._y[part])
+            out.append(np.linalg.norm(self._flat(g, (len(part),)).astype(np.float64), axis=1))
+        return np.concatenate(out)
+
+    # -- evaluation (eval mode, running statistics)
+    def evaluate(self, x) -> dict:
+        """Accuracy in eval mode (BatchNorm with the running statistics): ``train_accuracy`` on the evaluation
+        subset, ``test_loss`` (mean cross-entropy) and ``test_accuracy`` on the first test_samples test images;
+        floats, accuracies in [0, 1]."""
+        torch = self._torch
+        from torch.func import functional_call
+
+        params = self._params(self._check_x(x))
+        self._stats.eval()
+        try:
+            with torch.no_grad():
+                def run(X, y):
+                    loss, hits = 0.0, 0
+                    for s in range(0, X.shape[0], 1000):
+                        out = functional_call(self._stats, params, (X[s:s + 1000],))
+                        loss += float(torch.nn.functional.cross_entropy(out, y[s:s + 1000], reduction="sum"))
+                        hits += int((out.argmax(dim=1) == y[s:s + 1000]).sum())
+                    return loss / X.shape[0], hits / X.shape[0]
+
+                _, train_acc = run(self._X[self._eval_idx], self._y[self._eval_idx])
+                test_loss, test_acc = run(self._Xt[:self._n_test], self._yt[:self._n_test])
+        finally:
+            self._stats.train()
+        return {"train_accuracy": train_acc, "test_loss": test_loss, "test_accuracy": test_acc}
+
+    # -- the rest of the Objective interface
+    def x0(self, seed: int = 0):
+        """The module's parameters at construction as the flat vector (d,) (the zoo draws them from its seed;
+        ``seed`` here is unused)."""
+        return self._x0.copy()
+
+    def constants(self):
+        """Bound constants: L, L_f and M unknown (a ReLU network's gradient is not Lipschitz and its per-sample
+        gradients are unbounded on R^d); f* >= 0 (cross-entropy is non-negative)."""
+        why = "a ReLU network's gradient is not Lipschitz on R^d and its per-sample gradients are unbounded"
+        return {"L": _const(None, "unknown", why), "L_f": _const(None, "unknown", why),
+                "M": _const(None, "unknown", why + ("; with BatchNorm a per-sample gradient depends on the batch"
+                                                    if self._has_bn else "")),
+                "f_star_lower": _const(0.0, "analytic", "cross-entropy >= 0")}
+
+    def astype(self, dtype):
+        """This objective computing in ``dtype`` ("float64" / "float32"): self for its own dtype, else a rebuilt
+        copy with the module cast. Raises ConfigError for another dtype."""
+        dt = np.dtype(dtype)
+        if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
+            raise ConfigError(f"dtype = {dtype!r} is unknown: valid float64, float32")
+        if dt == self.dtype:
+            return self
+        new = copy.copy(self)
+        torch = self._torch
+        tdt = getattr(torch, str(dt))
+        new.dtype, new._tdt = dt, tdt
+        new._stats = copy.deepcopy(self._stats).to(tdt)
+        new._grad_mod = copy.deepcopy(self._grad_mod).to(tdt)
+        new._init_buffers = {k: b.to(tdt) if b.is_floating_point() else b.clone() for k, b in self._init_buffers.items()}
+        new._X, new._Xt = self._X.to(tdt), self._Xt.to(tdt)
+        new._x0 = self._x0.astype(dt)
+        return new
+
+    def workload(self):
+        """The network as a :class:`sim.workloads.Workload` (FLOPs per layer from
+        :func:`sim.workloads.extract.from_torch` on a 1 x 28 x 28 input), tensors in the flat vector's order."""
+        from .workloads.extract import from_torch
+
+        wl = from_torch(copy.deepcopy(self._stats).float(), tuple(self._X.shape[1:]), name=self.net_name,
+                        source=f"sim.nets {self.net_name}: FLOPs by torch.utils.flop_counter formulas")
+        if [t.name for t in wl.tensors] != self.tensor_names:
+            raise SparsimError(f"the timeline's tensors of {self.net_name!r} are not the flat vector's order")
+        return wl
+
+    def tensor_sizes(self) -> list[tuple[str, int]]:
+        """(name, numel) of each parameter tensor in flat-vector order."""
+        return list(zip(self.tensor_names, self._numel))

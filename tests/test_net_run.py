@@ -1,0 +1,87 @@
+"""A [model] run: scenario keys, the time-budget rule of the timeline clock, segments from buckets, and (with torch and
+the Fashion-MNIST files) a whole run through the CLI."""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from experiments.scenario import load_scenario
+from sim.errors import ConfigError
+from sim.timeline import Bucket, TimelineClock, TimelineResult, flat_segments
+from sim.workloads.model import LayerCost, ParamTensor, Workload
+
+FMNIST = "/usr/share/datasets/fashion-mnist"
+HAVE_DATA = os.path.isdir(FMNIST)
+needs_data = pytest.mark.skipif(not HAVE_DATA and os.environ.get("CI") != "true",
+                                reason="dataset-fashion-mnist not installed (CI installs it)")
+
+
+def _res(iter_s):
+    z = np.zeros(len(iter_s))
+    return TimelineResult(np.asarray(iter_s, dtype=float), z, z, z, z, z, [], [], 0.0, [])
+
+
+def _clock(budget):
+    wl = Workload("w", (LayerCost("l", 1.0, 2.0),), (ParamTensor("t", 10, "l"),))
+    return TimelineClock(wl, 1, None, None, None, 1, None, time_budget_s=budget)
+
+
+def test_budget_keeps_iterations_whose_float_clock_is_within():
+    # 0.1 + 0.2 = 0.30000000000000004 > 0.3: the second iteration ends a rounding step after a budget of 0.3
+    assert _clock(0.3).iterations_within(_res([0.1, 0.2, 0.1])) == 1
+    # an iteration ending exactly at the budget runs: 0.25 + 0.25 = 0.5 exactly
+    assert _clock(0.5).iterations_within(_res([0.25, 0.25, 0.25])) == 2
+    assert _clock(math.nextafter(0.5, 0)).iterations_within(_res([0.25, 0.25, 0.25])) == 1
+    assert _clock(0.0).iterations_within(_res([0.25] * 7)) == 7  # no budget: every iteration
+    assert _clock(0.1).iterations_within(_res([0.25, 0.25])) == 0
+
+
+def test_budget_matches_cumsum_for_random_times():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        it = rng.uniform(1e-3, 1.0, size=20)
+        budget = float(rng.uniform(0, it.sum()))
+        n = _clock(budget).iterations_within(_res(it))
+        clock = np.cumsum(it)
+        assert (clock[:n] <= budget).all() and (n == len(it) or clock[n] > budget)
+
+
+def test_flat_segments_orders_buckets_by_position_and_refuses_interleaving():
+    layers = tuple(LayerCost(f"l{i}", 1.0, 2.0) for i in range(4))
+    tensors = tuple(ParamTensor(f"t{i}", 10 * (i + 1), f"l{i}") for i in range(4))
+    wl = Workload("w", layers, tensors)
+    assert flat_segments(wl, [Bucket((3, 2), 70), Bucket((1, 0), 30)]) == (30, 70)
+    assert flat_segments(wl, [Bucket((0, 1, 2, 3), 100)]) == (100,)
+    with pytest.raises(ConfigError, match="not consecutive"):
+        flat_segments(wl, [Bucket((3, 1), 60), Bucket((2, 0), 40)])
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["data.dataset='fashion-mnist'"], "holds images"),
+    (["model.name='lenet5'"], "valid fashion-mnist or mnist"),
+    (["model.name='lenet5'", "data.dataset='fashion-mnist'", "data.lam=0.1"], "data.lam"),
+    (["model.name='lenet5'", "data.dataset='fashion-mnist'", "compute.forward_backward_s=0.1"], "forward_backward_s"),
+    (["model.name='lenet5'", "data.dataset='fashion-mnist'", "workload.model='resnet50'"], "workload.model"),
+    (["model.eval_samples=10"], "used only with model.name"),
+    (["training.time_budget_s=10.0"], "used only with model.name"),
+    (["workload.device='V100'"], "model.name"),
+])
+def test_model_keys_unused_or_inconsistent_are_errors(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_scenario(None, overrides)
+
+
+def test_model_scenario_uses_workload_keys_and_dumps_what_it_uses():
+    from experiments.scenario import used_keys_dump
+
+    sc = load_scenario(None, ["model.name='lenet5'", "data.dataset='fashion-mnist'", "workload.device='V100'",
+                              "workload.sparse_policy='bucket'", "training.time_budget_s=2.5"])
+    dump = used_keys_dump(sc)
+    assert dump["model"]["name"] == "lenet5" and dump["training"]["time_budget_s"] == 2.5
+    assert "model" not in dump["workload"] and "objective" not in dump["data"]
+    assert dump["workload"]["device"] == "V100"
+    plain = used_keys_dump(load_scenario(None))
+    assert "model" not in plain and "time_budget_s" not in plain["training"]
