@@ -47,7 +47,8 @@ def _num(v):
 def run_figure(rows: list[dict], outdir: Path, title: str = "") -> list[Path]:
     """Write ``figure.png`` and ``figure.pdf`` in ``outdir``; returns their paths.
 
-    Panels: loss and grad_norm_sq against iteration and against simulated time (s); mean simulated
+    Panels: loss and grad_norm_sq (test accuracy instead, for a network on images) against iteration and
+    against simulated time (s); mean simulated
     time per iteration split into compute and exposed communication (the part not hidden behind compute),
     beside the total selection and collective times; delta (Assumption 1
     ratio) over training for the sparse algorithms, with the delta = 1 line.
@@ -58,24 +59,35 @@ def run_figure(rows: list[dict], outdir: Path, title: str = "") -> list[Path]:
     fig = Figure(figsize=(15, 8.5))
     ax = fig.subplots(2, 3)
     colors = {name: f"C{i}" for i, name in enumerate(algs)}
+    # a network on images (test_accuracy filled): test accuracy replaces the gradient norm in the lower panels
+    acc = any(not math.isnan(_num(r.get("test_accuracy"))) for r in rows)
     for name, rs in algs.items():
         kw = {"label": name, "color": colors[name]}
         ev = [r for r in rs if not math.isnan(_num(r["loss"]))]
         it = [r["iteration"] for r in ev]
         tm = [_num(r["sim_time_s"]) for r in ev]
         ls = [_num(r["loss"]) for r in ev]
-        gn = [_num(r["grad_norm_sq"]) for r in ev]
         ax[0, 0].plot(it, ls, **kw)
         ax[0, 1].plot(tm, ls, **kw)
-        ax[1, 0].semilogy(it, gn, **kw)
-        ax[1, 1].semilogy(tm, gn, **kw)
+        if acc:
+            ea = [r for r in rs if not math.isnan(_num(r.get("test_accuracy")))]
+            ax[1, 0].plot([r["iteration"] for r in ea], [_num(r["test_accuracy"]) for r in ea], **kw)
+            ax[1, 1].plot([_num(r["sim_time_s"]) for r in ea], [_num(r["test_accuracy"]) for r in ea], **kw)
+        else:
+            gn = [_num(r["grad_norm_sq"]) for r in ev]
+            ax[1, 0].semilogy(it, gn, **kw)
+            ax[1, 1].semilogy(tm, gn, **kw)
         dl = [(r["iteration"], _num(r["delta"])) for r in rs if r["iteration"] > 0 and r["delta"] not in (None, "")]
         if dl:
             ax[1, 2].plot([a for a, _ in dl], [b for _, b in dl], lw=0.8, **kw)
     ax[0, 0].set(xlabel="iteration", ylabel="loss f(v_t)", title="loss vs iteration")
     ax[0, 1].set(xlabel="simulated time (s)", ylabel="loss f(v_t)", title="loss vs simulated time")
-    ax[1, 0].set(xlabel="iteration", ylabel="||grad f(v_t)||^2", title="gradient norm vs iteration")
-    ax[1, 1].set(xlabel="simulated time (s)", ylabel="||grad f(v_t)||^2", title="gradient norm vs simulated time")
+    if acc:
+        ax[1, 0].set(xlabel="iteration", ylabel="test accuracy", title="test accuracy vs iteration")
+        ax[1, 1].set(xlabel="simulated time (s)", ylabel="test accuracy", title="test accuracy vs simulated time")
+    else:
+        ax[1, 0].set(xlabel="iteration", ylabel="||grad f(v_t)||^2", title="gradient norm vs iteration")
+        ax[1, 1].set(xlabel="simulated time (s)", ylabel="||grad f(v_t)||^2", title="gradient norm vs simulated time")
     ax[1, 2].axhline(1.0, color="k", ls="--", lw=0.8)
     ax[1, 2].set(xlabel="iteration", ylabel="delta_t", title="Assumption 1 ratio delta (<= 1 holds)")
     names = list(algs)
