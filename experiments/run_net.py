@@ -11,7 +11,7 @@ import dataclasses
 
 from .scenario import Scenario
 
-__all__ = ["net_data_bytes", "net_resolved"]
+__all__ = ["net_data_bytes", "net_resolved", "write_net_trace"]
 
 #: Bytes of the torch runtime and the network's autograd buffers besides the data, measured as the resident-set
 #: growth of importing torch and taking one batched step of the zoo's networks (about 300 MiB), rounded up.
@@ -52,3 +52,28 @@ def net_resolved(sc: Scenario, built) -> dict:
         "segments": list(segs) if segs is not None else None,
         "time_budget_s": clock.time_budget_s or None,
     }
+
+
+def write_net_trace(path, sc: Scenario, built, rows: list[dict]) -> bool:
+    """Write the Chrome trace (``trace.json``, :func:`sim.timeline.chrome_trace`) of a [model] run: iterations
+    ``workload.trace_iterations`` of the first ``workload.trace_ranks`` ranks of every algorithm, on the same simulated
+    clock as metrics.csv (the timeline is recomputed: it depends only on the spec, never on the values). Iterations
+    after the run's last (a time budget can stop it early) are left out. Returns whether a file was written."""
+    from sim.timeline import chrome_trace, simulate_timeline
+
+    w, clock = sc.workload, built.clock
+    traces = {}
+    for spec in built.specs:
+        T = max((r["iteration"] for r in rows if r["algorithm"] == spec.label), default=0)
+        its = [t for t in w.trace_iterations if t <= T]
+        if not its:
+            continue
+        res = simulate_timeline(dataclasses.replace(spec, segments=None), clock.workload, clock.P, network=clock.network,
+                                policy=clock.policy, device=clock.device, batch_size=clock.batch_size,
+                                compute=clock.compute, iterations=max(its), engine=clock.engine, trace_iterations=its,
+                                trace_ranks=min(w.trace_ranks, clock.P))
+        traces[spec.label] = res.timelines
+    if not any(traces.values()):
+        return False
+    chrome_trace(traces, path)
+    return True
