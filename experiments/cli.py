@@ -746,5 +746,42 @@ def experiment_memsgd(out, quick, force, jobs, scheduler, quiet, libsvm):
     click.echo(report)
 
 
+@experiment.command("tta")
+@_experiment_options("tta", "CI size: mlp-256, dense and gtopk at density 0.001, 3 seeds, P = 8, lr = 0.1, 30 "
+                            "iterations, small evaluation subsets, target 0.65")
+@click.option("--model", default=None, help="network trained on Fashion-MNIST: mlp-256, mlp-1024, mlp-3000, lenet5, "
+                                            "resnet20 [default: mlp-256]")
+@click.option("--algorithms", default=None, help="comma-separated registered algorithms [default: dense,topk,gtopk,randk]")
+@click.option("--densities", default=None, help="comma-separated k/d of the sparse algorithms (dense runs once per seed) "
+                                                "[default: 0.001,0.01; --quick: 0.001]")
+@click.option("--seeds", type=int, default=None, help="seeds 0..N-1 per case [default: 3]")
+@click.option("--target", type=float, default=None, help="test accuracy to reach, 0 < target <= 1 [default: 0.8; "
+                                                         "--quick: 0.65]")
+@click.option("--clusters", default=None, help="comma-separated cluster.network presets; each one times the same "
+                                               "trained runs [default: gtopk-icdcs,dgx-h100]")
+@click.option("--P", "P", type=int, default=None, help="workers [default: 16; --quick: 8]")
+@click.option("--iterations", type=int, default=None, help="iterations per run (the cap with --time-budget-s) "
+                                                           "[default: 300; --quick: 30]")
+@click.option("--time-budget-s", type=float, default=None,
+              help="stop every run at this simulated time (s) on each cluster, for a comparison at equal time")
+@click.option("--eval-every", type=int, default=None, help="iterations between test evaluations: the resolution of the "
+                                                           "time to target [default: 25; --quick: 10]")
+@click.option("--lr", type=float, default=None, help="constant SGD step size [default: 0.2; --quick: 0.1]")
+@click.option("--momentum", type=float, default=None, help="heavy-ball momentum [default: 0]")
+@click.option("--batch-size", type=int, default=None, help="images per worker per iteration [default: 32]")
+@_user_errors
+def experiment_tta(out, quick, force, jobs, scheduler, quiet, model, algorithms, densities, seeds, target, clusters, P,
+                   iterations, time_budget_s, eval_every, lr, momentum, batch_size):
+    """Time to accuracy: iterations and simulated time to a test accuracy, per algorithm, density and cluster."""
+    from .tta import run_tta
+
+    path, _rows, report = run_tta(out, quick=quick, force=force, jobs=jobs, scheduler=scheduler, progress=not quiet,
+                                  model=model, algorithms=algorithms, densities=densities, seeds=seeds, target=target,
+                                  clusters=clusters, P=P, iterations=iterations, time_budget_s=time_budget_s,
+                                  eval_every=eval_every, lr=lr, momentum=momentum, batch_size=batch_size)
+    click.echo(f"wrote {path}/ (tta.csv, summary.csv, curves.csv, clocks.csv, results.md, tta.png, tta.pdf, runs/)")
+    click.echo(report)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
