@@ -558,6 +558,14 @@ def write_run_directory(tmp: Path, sc: Scenario, built: "Built", rows: list[dict
 
         summary["mode"] = "network on images"
         summary["resolved"].update(net_resolved(sc, built))
+        if backend is not None and backend.get("name") == "torch":  # measured times, not the network's timeline
+            from .torch_run import TORCH_NET_CLOCK
+
+            summary["resolved"]["clock"] = TORCH_NET_CLOCK
+        else:
+            from .run_net import write_net_trace
+
+            write_net_trace(tmp / "trace.json", sc, built, rows)
     with open(tmp / "summary.json", "w") as fh:
         json.dump(summary, fh, indent=2, default=_json_default)
     if figure:

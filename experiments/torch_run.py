@@ -16,7 +16,15 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["scenario_job", "main"]
+__all__ = ["scenario_job", "run_built", "TORCH_NET_CLOCK", "main"]
+
+#: summary.json's ``resolved.clock`` of a [model] run on the torch backend (experiments.run.write_run_directory):
+#: the time columns are measured, so the network's simulated timeline times nothing there.
+TORCH_NET_CLOCK = ("measured wall time of the P torch processes (the backend's time columns); the [cluster] "
+                   "network, the [compute] model and the [workload] device of the network's layer-wise timeline "
+                   "time nothing on this backend: only training.time_budget_s uses that simulated clock, to run "
+                   "each algorithm for the simulator's number of iterations; workload.sparse_policy still sets the "
+                   "selection segments (numerics)")
 
 
 def scenario_job(ctx, scenario_dump: dict) -> list | None:
@@ -28,7 +36,6 @@ def scenario_job(ctx, scenario_dump: dict) -> list | None:
     (list of dicts), None on the other ranks. Raises ConfigError if cluster.P differs from the world size.
     """
     from sim.errors import ConfigError
-    from sim.torch_backend import resolve_select_device, run_worker
 
     from .run import build
     from .scenario import Scenario
@@ -36,12 +43,27 @@ def scenario_job(ctx, scenario_dump: dict) -> list | None:
     sc = Scenario.model_validate(scenario_dump)
     if sc.cluster.P != ctx.P:
         raise ConfigError(f"cluster.P = {sc.cluster.P} differs from the {ctx.P} launched processes: they must be equal")
-    built = build(sc)
+    return run_built(ctx, sc, build(sc))
+
+
+def run_built(ctx, sc, built) -> list | None:
+    """:func:`scenario_job`'s body once the scenario is built: every algorithm of ``built.specs`` as rank
+    ``ctx.rank``, each for ``training.iterations`` iterations or, with a [model] run's ``training.time_budget_s``,
+    for the iterations the simulator runs within that budget on its clock (the network's layer-wise timeline). Returns
+    rank 0's metrics rows (list of dicts), None on the other ranks."""
+    from sim.errors import SparsimError
+    from sim.torch_backend import resolve_select_device, run_worker
+
     rows = []
     for spec in built.specs:
         T = sc.training.iterations
         if built.clock is not None and built.clock.time_budget_s:  # the simulator's iterations within the budget
-            T = max(1, built.clock.iterations_within(built.clock(spec, T)))
+            timeline = built.clock(spec, T)
+            T = built.clock.iterations_within(timeline)
+            if T < 1:  # the simulator's own refusal (sim.runner.run_algorithm), on every rank
+                raise SparsimError(f"training.time_budget_s = {built.clock.time_budget_s:g} s is out of range for "
+                                   f"{spec.label}: its first iteration alone takes {timeline.iter_s[0]:.6g} s of "
+                                   "simulated time: valid budget >= that")
         res = run_worker(ctx.rank, ctx.P, spec, built.workers, T=T, lr=built.lr, x0=built.x0,
                          transport=ctx.transport, eval_every=sc.training.eval_every,
                          backend_allreduce=sc.torch.backend_allreduce

@@ -59,7 +59,9 @@ Selection scope (``scope``):
   simulator's layer-wise run), while communication still overlaps backward. Cost: each tensor selects at
   least one entry (many small tensors select a bit more than the density).
 - ``"bucket"``: each DDP bucket is one unit, ``k_b = min(n_b, max(1, round(density n_b)))``; what is
-  selected changes with ``bucket_cap_mb`` and with DDP's rebuild of the buckets after the first iteration.
+  selected changes with ``bucket_cap_mb`` and with DDP's rebuild of the buckets after the first iteration
+  (:func:`settle_buckets` lets DDP rebuild them before training: the units are then the rebuilt buckets from the
+  first step, as the simulator's ``workload.sparse_policy = "bucket"`` selects, bit for bit; tests/test_net_torch.py).
 - ``"model"``: one selection over the whole model (parameters in ``module.parameters()`` order) after the
   last bucket, as the released gTop-k code does: no overlap with backward (the futures of the earlier
   buckets complete when the last bucket's collective does), one collective, exactly Algorithm 1.
@@ -104,7 +106,7 @@ from .errors import DIVERGENCE_LIMIT, ConfigError, NonFiniteError, SparsimError,
 
 __all__ = ["SparseState", "SparseHookState", "sparse_hook", "register_sparse_hook", "dgc_warmup", "SCOPES",
            "WIRES", "HookAlgorithm", "HOOK_ALGORITHMS", "register_hook_algorithm", "select_topk", "select_randk",
-           "merge_torch", "gtopk_replay", "STATE_FORMAT"]
+           "merge_torch", "gtopk_replay", "STATE_FORMAT", "settle_buckets"]
 
 #: Selection scopes: per parameter tensor (layer-wise), per DDP bucket, or the whole model after the last bucket.
 SCOPES = ("parameter", "bucket", "model")
@@ -1289,6 +1291,33 @@ def _p2p_hook(state: SparseState, bucket, buf):
 
 
 # ================================================================================ registration
+
+
+def settle_buckets(ddp_model, loss_fn) -> None:
+    """Let DDP form its final buckets before training, so that ``scope="bucket"`` selects over the same units from
+    the first step (the units of the simulator's ``workload.sparse_policy = "bucket"``, docs/networks-backends.md).
+
+    torch 2.13's DDP (without ``find_unused_parameters`` or per-bucket caps) communicates the whole model as ONE
+    bucket in its first backward and rebuilds its buckets, in the order the gradients became ready, at the next
+    forward. This runs that first backward: ``loss_fn(ddp_model)`` (a callable returning a scalar loss, e.g. the loss
+    of the first mini-batch) and its backward with DDP's own allreduce, no optimizer step; then drops the gradients
+    (``grad = None``) and restores the module's buffers (BatchNorm running statistics and counters), so the model is
+    as it was. Call it before :func:`register_sparse_hook` (every rank, collectively, as any DDP step). Raises
+    ConfigError when a communication hook is already registered (it would see this backward as a training step).
+    """
+    import torch
+
+    if getattr(ddp_model, "_comm_hooks", None):
+        raise ConfigError("settle_buckets after a communication hook was registered: valid before "
+                          "register_sparse_hook / register_comm_hook (the hook would count this backward as a step)")
+    module = getattr(ddp_model, "module", ddp_model)
+    saved = {k: b.detach().clone() for k, b in module.named_buffers()}
+    loss_fn(ddp_model).backward()
+    for p in ddp_model.parameters():
+        p.grad = None
+    with torch.no_grad():
+        for k, b in module.named_buffers():
+            b.copy_(saved[k])
 
 
 def register_sparse_hook(ddp_model, algorithm: str = "gtopk", *, state: SparseState | None = None,

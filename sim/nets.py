@@ -30,6 +30,7 @@ shortcuts), here with one input channel and a 7 x 7 global pool; Fashion-MNIST (
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 
@@ -61,6 +62,42 @@ BATCHED_RTOL = {"float32": 1e-5, "float64": 1e-12}
 #: convolution weight gradients take 1.47 s for ResNet-20 at P = 16, b = 32, the loop 0.87 s, one backward of the
 #: global batch 0.73 s; for the 1.86M MLP vmap is the faster: benchmarks/bench_net_sim.py).
 GRADIENT_MODES = ("auto", "vmap", "loop")
+
+#: Most Python threads the per-worker loop runs at once (:meth:`NetObjective.batch_grads`): at most torch's
+#: intra-op thread count of the caller (by default the machine's cores), and at most this.
+LOOP_MAX_THREADS = 16
+
+
+def _one_torch_thread(method):
+    """Run a :class:`NetObjective` method with torch's intra-op thread pool at one thread (restored afterwards); the
+    caller's setting is kept in ``self._caller_threads`` for the method (the per-worker loop of
+    :meth:`NetObjective.batch_grads` runs that many workers at once, each at one thread).
+
+    torch splits a product's or a convolution's reductions by its thread count (MKL, oneDNN), which changes the last
+    bits of every gradient (measured: mlp-1024, LeNet-5 and ResNet-20 gradients differ between 1 and 2 threads by
+    2e-7 to 2e-6 relative in float32, 3e-16 to 8e-16 in float64), so a [model] run's numbers would depend on the
+    machine's cores; ``sim.runner.run_algorithm`` and the CLI limit only the BLAS pools (threadpoolctl), not torch's
+    OpenMP pool. One thread is also the faster on a shared 2-core machine: with the cores oversubscribed, torch's
+    two OpenMP threads wait on each other (ResNet-20, b = 32: 0.13 s forward + backward with 1 thread, 1.1 to 5 s
+    with 2 at load 7). The torch backend's ranks run with one thread as well."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        torch = self._torch
+        n = torch.get_num_threads()
+        if n == 1:  # already pinned (a nested call keeps the outer call's _caller_threads), or the caller's choice
+            if not self._pinned:
+                self._caller_threads = 1
+            return method(self, *args, **kwargs)
+        torch.set_num_threads(1)
+        self._pinned, self._caller_threads = True, n
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._pinned = False
+            torch.set_num_threads(n)
+
+    return run
 
 
 def torch_or_error():
@@ -203,29 +240,38 @@ class NetObjective(Objective):
         self._torch = torch
         self.name = f"net:{name}"
         self.net_name = name
-        self.dtype = np.dtype(dtype)
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError:
+            self.dtype = np.dtype(np.int8)  # refused below (np.dtype(None) == float64, so no None here)
+        if self.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
+            raise ConfigError(f"dtype = {dtype!r} is unknown: valid float64, float32")
         tdt = getattr(torch, str(self.dtype))
         self._tdt = tdt
         if gradients not in GRADIENT_MODES:
             raise ConfigError(f"model.gradients = {gradients!r} is unknown: valid {', '.join(GRADIENT_MODES)}")
         self.chunk = int(chunk)
+        if self.chunk < 1:
+            raise ConfigError(f"chunk = {chunk!r} is out of range: valid >= 1 (the workers' batch size)")
         self._stats = copy.deepcopy(module).to(tdt)  # keeps the running statistics; evaluation and rank 0's update
-        self._init_buffers = {k: b.clone() for k, b in self._stats.named_buffers()}
-        self._grad_mod = replace_all_batch_norm_modules_(copy.deepcopy(self._stats))  # BatchNorm over each batch
-        self._grad_mod.train()
-        self.tensor_names = [n for n, _ in self._stats.named_parameters()]
-        self._shapes = [p.shape for _, p in self._stats.named_parameters()]
-        self._numel = [p.numel() for _, p in self._stats.named_parameters()]
-        self.d = int(sum(self._numel))
-        self._x0 = np.concatenate([p.detach().cpu().numpy().ravel() for p in self._stats.parameters()]).astype(
-            self.dtype)
         self.n_classes = int(max(np.max(y_train), np.max(y_test))) + 1
         stats = _pixel_stats(X_train)
         self._X, self._Xt = self._images(X_train, stats), self._images(X_test, stats)
         self._y = torch.as_tensor(np.array(y_train, dtype=np.int64))
         self._yt = torch.as_tensor(np.array(y_test, dtype=np.int64))
         self.n = int(self._X.shape[0])
-        self._check_output()
+        self._check_output()  # before the parameters are read: it materialises a lazy module's (nn.LazyLinear)
+        self._init_buffers = {k: b.clone() for k, b in self._stats.named_buffers()}
+        self._grad_mod = replace_all_batch_norm_modules_(copy.deepcopy(self._stats))  # BatchNorm over each batch
+        self._grad_mod.train()
+        self._thread_mods = []  # copies of _grad_mod for the loop's threads (made on first use)
+        self._pinned, self._caller_threads = False, 1
+        self.tensor_names = [n for n, _ in self._stats.named_parameters()]
+        self._shapes = [p.shape for _, p in self._stats.named_parameters()]
+        self._numel = [p.numel() for _, p in self._stats.named_parameters()]
+        self.d = int(sum(self._numel))
+        self._x0 = np.concatenate([p.detach().cpu().numpy().ravel() for p in self._stats.parameters()]).astype(
+            self.dtype)
         n_eval = self.n if not eval_samples else min(int(eval_samples), self.n)
         n_eval -= n_eval % self.chunk
         if n_eval < 1:
@@ -279,37 +325,87 @@ class NetObjective(Objective):
             off += n
         return out
 
-    def _loss_fn(self):
+    def _loss_fn(self, mod=None):
+        """(params, X, y) -> mean cross-entropy of ``mod`` (default the gradient module) with those parameters."""
         torch = self._torch
         from torch.func import functional_call
 
-        mod = self._grad_mod
+        mod = self._grad_mod if mod is None else mod
 
         def loss(params, X, y):
             return torch.nn.functional.cross_entropy(functional_call(mod, params, (X,)), y)
 
         return loss
 
-    def _flat(self, grads: dict, lead: tuple = ()) -> np.ndarray:
-        """Concatenate per-tensor gradients (each ``lead + shape``) into a numpy array ``lead + (d,)``."""
+    def _flat(self, grads: dict, lead: tuple = (), out: np.ndarray | None = None) -> np.ndarray:
+        """Concatenate per-tensor gradients (each ``lead + shape``) into a numpy array ``lead + (d,)``: ``out`` (a
+        C-contiguous array of that shape and the objective's dtype, filled and returned) or a new one."""
         torch = self._torch
-        return torch.cat([grads[n].reshape(*lead, -1) for n in self.tensor_names], dim=-1).numpy()
+        parts = [grads[n].reshape(*lead, -1) for n in self.tensor_names]
+        if out is None:
+            return torch.cat(parts, dim=-1).numpy()
+        torch.cat(parts, dim=-1, out=torch.from_numpy(out))
+        return out
+
+    def _grad(self, x, idx, out: np.ndarray | None = None, mod=None) -> np.ndarray:
+        """batch_grad's computation for a checked x and int64 idx, written into ``out`` (d,) when given; ``mod``: a
+        copy of the gradient module (one per thread of the loop: functional_call swaps a module's parameters)."""
+        from torch.func import grad
+
+        idx = self._torch.from_numpy(idx)
+        g = grad(self._loss_fn(mod))(self._params(x), self._X[idx], self._y[idx])
+        return self._flat(g, out=out)
+
+    def _n_threads(self, count: int) -> int:
+        """Python threads for ``count`` independent gradients: the caller's torch thread count (``_caller_threads``,
+        :func:`_one_torch_thread`), at most ``count`` and :data:`LOOP_MAX_THREADS`."""
+        return max(1, min(int(self._caller_threads), int(count), LOOP_MAX_THREADS))
+
+    def _in_threads(self, job, items, n: int) -> None:
+        """Call ``job(item, mod)`` for every item, by n Python threads (item j by thread j mod n, each with its own
+        copy ``mod`` of the gradient module: functional_call swaps a module's parameters while it runs), or in
+        this thread when n = 1. torch releases the GIL inside its operators, so the threads' forward and backward
+        passes overlap; every operator still runs at one intra-op thread, so each result has the bits it has
+        when computed alone."""
+        if n <= 1:
+            for it in items:
+                job(it, self._grad_mod)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        while len(self._thread_mods) < n:
+            self._thread_mods.append(copy.deepcopy(self._grad_mod))
+        torch = self._torch
+
+        def run(t):
+            torch.set_num_threads(1)  # this thread's operators at one thread too
+            for it in items[t::n]:
+                job(it, self._thread_mods[t])
+
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="sim.nets") as pool:
+            for f in [pool.submit(run, t) for t in range(n)]:
+                f.result()
+
+    def _loop(self, x, idxs, out):
+        """The per-worker loop: row p of out = batch_grad(x, idxs[p]) (its bits), the workers spread over
+        :meth:`_n_threads` threads (:meth:`_in_threads`)."""
+        P = idxs.shape[0]
+        self._in_threads(lambda p, mod: self._grad(x, np.array(idxs[p]), out=out[p], mod=mod), list(range(P)),
+                         self._n_threads(P))
 
     # -- gradients
+    @_one_torch_thread
     def batch_grad(self, x, idx):
         """Mean gradient over the samples idx (int (b,)) at x (d,), train mode (BatchNorm over this batch): the
         per-worker reference path. Returns an array (d,) of the objective's dtype; running statistics untouched."""
-        from torch.func import grad
+        return self._grad(self._check_x(x), np.array(self._check_idx(idx)))
 
-        x = self._check_x(x)
-        idx = self._torch.from_numpy(np.array(self._check_idx(idx)))
-        g = grad(self._loss_fn())(self._params(x), self._X[idx], self._y[idx])
-        return self._flat(g)
-
+    @_one_torch_thread
     def batch_grads(self, x, idxs, scratch=None):
         """The P workers' mean gradients at x: array (P, d), row p for batch idxs[p] (int (P, b)); batched with
         torch.func.vmap when :attr:`gradients` is "vmap" (within :data:`BATCHED_RTOL` of batch_grad), else the
-        per-worker loop (row p has batch_grad's bits). Then updates the running statistics from rank 0's batch idxs[0] (module docstring)."""
+        per-worker loop (row p has batch_grad's bits; each row is written in place, without a stacking copy).
+        Then updates the running statistics from rank 0's batch idxs[0] (module docstring)."""
         from torch.func import grad, vmap
 
         x = self._check_x(x)
@@ -319,10 +415,12 @@ class NetObjective(Objective):
             g = vmap(grad(self._loss_fn()), in_dims=(None, 0, 0))(self._params(x), self._X[it], self._y[it])
             out = self._flat(g, (idxs.shape[0],))
         else:
-            out = np.stack([self.batch_grad(x, i) for i in idxs])
+            out = np.empty((idxs.shape[0], self.d), dtype=self.dtype)
+            self._loop(x, idxs, out)
         self._observe(x, idxs[0])
         return out
 
+    @_one_torch_thread
     def worker_grad(self, x, idx, rank: int):
         """Worker ``rank``'s gradient (:meth:`batch_grad`); rank 0 also updates the running statistics from its
         batch (the per-worker path's equivalent of :meth:`batch_grads`)."""
@@ -349,35 +447,66 @@ class NetObjective(Objective):
                 b.copy_(self._init_buffers[k])
 
     # -- the objective f (evaluation subset, train mode in batches of ``chunk``)
-    def _chunked_loss(self, params):
-        from torch.func import vmap
-
+    def _eval_batches(self):
+        """The evaluation subset as C batches of ``chunk`` images: (X (C, chunk, 1, 28, 28), y (C, chunk))."""
         idx = self._eval_idx
         c = self.chunk
-        X = self._X[idx].reshape(-1, c, *self._X.shape[1:])
-        y = self._y[idx].reshape(-1, c)
-        if self.gradients == "vmap":
-            return vmap(self._loss_fn(), in_dims=(None, 0, 0))(params, X, y).mean()
-        lf = self._loss_fn()
-        return sum(lf(params, X[i], y[i]) for i in range(X.shape[0])) / X.shape[0]
+        return self._X[idx].reshape(-1, c, *self._X.shape[1:]), self._y[idx].reshape(-1, c)
 
+    @_one_torch_thread
     def loss(self, x):
-        """f(x): mean over the evaluation subset's batches of ``chunk`` images of their mean cross-entropy (float)."""
+        """f(x): mean over the evaluation subset's batches of ``chunk`` images of their mean cross-entropy (float):
+        the batches' losses summed in batch order, divided by their number (:meth:`loss_and_grad`'s bits)."""
+        params = self._params(self._check_x(x))
+        X, y = self._eval_batches()
+        lf = self._loss_fn()
         with self._torch.no_grad():
-            return float(self._chunked_loss(self._params(self._check_x(x))))
+            total = lf(params, X[0], y[0])
+            for i in range(1, X.shape[0]):
+                total = total + lf(params, X[i], y[i])
+            return float(total / X.shape[0])
 
+    @_one_torch_thread
     def loss_and_grad(self, x, scratch=None):
-        """(f(x), grad f(x) as an array (d,)) in one forward and backward."""
+        """(f(x), grad f(x) as an array (d,)): batch by batch, each batch's loss and gradient in one forward and
+        backward, so that only one batch's activations are held (the whole evaluation subset's at once took 1 GiB
+        for ResNet-20 at eval_samples = 512); the batches' gradients are summed in batch order and divided by
+        their number, their losses as :meth:`loss` (its bits). The batches are spread over threads as the
+        per-worker loop's (:meth:`_in_threads`), a group of n at a time, and summed in batch order after each
+        group: the same bits whatever the number of threads."""
         from torch.func import grad_and_value
 
         x = self._check_x(x)
-        g, val = grad_and_value(self._chunked_loss)(self._params(x))
-        return float(val), self._flat(g)
+        params = self._params(x)
+        X, y = self._eval_batches()
+        C = X.shape[0]
+        n = self._n_threads(C)
+        bufs = np.empty((n, self.d), dtype=self.dtype)
+        vals: list = [None] * n
+        acc = total = None
+
+        def job(j, mod):
+            i = start + j
+            g, vals[j] = grad_and_value(self._loss_fn(mod))(params, X[i], y[i])
+            self._flat(g, out=bufs[j])
+
+        for start in range(0, C, n):
+            m = min(n, C - start)
+            self._in_threads(job, list(range(m)), min(n, m))
+            for j in range(m):
+                if acc is None:
+                    acc, total = bufs[0].copy(), vals[0]
+                else:
+                    acc += bufs[j]
+                    total = total + vals[j]
+        acc /= self.dtype.type(C)
+        return float(total.detach() / C), acc
 
     def full_grad(self, x):
         """grad f(x): array (d,) of the objective's dtype."""
         return self.loss_and_grad(x)[1]
 
+    @_one_torch_thread
     def batch_loss(self, x, idx):
         """Mean cross-entropy over samples idx at x, train mode (float)."""
         x = self._check_x(x)
@@ -385,6 +514,7 @@ class NetObjective(Objective):
         with self._torch.no_grad():
             return float(self._loss_fn()(self._params(x), self._X[idx], self._y[idx]))
 
+    @_one_torch_thread
     def sample_grad_norms(self, x):
         """||grad f_i(x)|| for each image of the evaluation subset (float64 (n_eval,)): per-sample gradients with
         vmap; a BatchNorm network normalises a single image by its own statistics there (its per-sample gradient is
@@ -395,13 +525,16 @@ class NetObjective(Objective):
         x = self._check_x(x)
         lf = self._loss_fn()
         out = []
-        for part in self._eval_idx.split(256):
+        # at most 256 samples' gradients at once, and at most 256 MiB of them (mlp-3000: 5 samples)
+        per = max(1, min(256, 2**28 // (self.d * self.dtype.itemsize)))
+        for part in self._eval_idx.split(per):
             g = vmap(grad(lambda p, X, y: lf(p, X[None], y[None])), in_dims=(None, 0, 0))(
                 self._params(x), self._X[part], self._y[part])
             out.append(np.linalg.norm(self._flat(g, (len(part),)).astype(np.float64), axis=1))
         return np.concatenate(out)
 
     # -- evaluation (eval mode, running statistics)
+    @_one_torch_thread
     def evaluate(self, x) -> dict:
         """Accuracy in eval mode (BatchNorm with the running statistics): ``train_accuracy`` on the evaluation
         subset, ``test_loss`` (mean cross-entropy) and ``test_accuracy`` on the first test_samples test images;
@@ -456,6 +589,7 @@ class NetObjective(Objective):
         new.dtype, new._tdt = dt, tdt
         new._stats = copy.deepcopy(self._stats).to(tdt)
         new._grad_mod = copy.deepcopy(self._grad_mod).to(tdt)
+        new._thread_mods = []
         new._init_buffers = {k: b.to(tdt) if b.is_floating_point() else b.clone() for k, b in self._init_buffers.items()}
         new._X, new._Xt = self._X.to(tdt), self._Xt.to(tdt)
         new._x0 = self._x0.astype(dt)
