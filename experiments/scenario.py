@@ -164,6 +164,21 @@ class TrainingCfg(_Strict):
                                                                 "when the clock after it (the float64 sum of the iteration times "
                                                                 "before it and its own) is <= the budget; 0 = off")
 
+    #: keys each schedule reads besides ``schedule`` itself (the others are unused by it)
+    SCHEDULE_KEYS: ClassVar[dict[str, tuple[str, ...]]] = {"constant": ("lr",), "corollary2": ("theta",),
+                                                          "inverse": ("lr", "inverse_a")}
+
+    @model_validator(mode="after")
+    def _schedule_keys_in_use(self):
+        unused = self._changed([k for k in ("lr", "theta", "inverse_a") if k not in self.SCHEDULE_KEYS[self.schedule]])
+        if unused:
+            users = {k: [n for n, ks in self.SCHEDULE_KEYS.items() if k in ks] for k in unused}
+            raise ValueError(f"{', '.join('training.' + k for k in unused)}: unused by schedule = {self.schedule!r} "
+                             f"(which steps with {', '.join(self.SCHEDULE_KEYS[self.schedule])}); "
+                             + "; ".join(f"training.{k} is used by schedule = {' or '.join(map(repr, u))}"
+                                         for k, u in users.items()))
+        return self
+
 
 class CompressionCfg(_Strict):
     """Sparsification and the collectives."""
@@ -274,6 +289,9 @@ def used_keys_dump(sc: "Scenario", backend: str = "sim") -> dict:
             out["training"].pop(k)
         out["compute"].pop("forward_backward_s")
         out["compression"].pop("layer_sizes")
+    for k in ("lr", "theta", "inverse_a"):  # the keys the schedule does not step with
+        if k not in TrainingCfg.SCHEDULE_KEYS[sc.training.schedule]:
+            out["training"].pop(k, None)
     if "data" in out and not sc.model.name:
         if sc.data.objective in DataCfg.REAL:
             data.pop("d")

@@ -268,3 +268,32 @@ def test_torch_tiny_timeout_prints_one_line_and_keeps_the_log(tmp_path):
     err = (tmp_path / "out.partial" / "error.txt").read_text()
     assert err.splitlines()[0] == line.removeprefix("error: ")
     assert "--- rank" in err  # the ranks' own logs and tracebacks are kept there
+
+
+# ------------------------------------------------------------------ issue #23 item 3: schedule keys not in use
+
+@pytest.mark.parametrize("sets, unused, users", [
+    (["training.schedule='corollary2'", "training.lr=0.1"], "training.lr", "'constant' or 'inverse'"),
+    (["training.theta=0.2"], "training.theta", "'corollary2'"),
+    (["training.inverse_a=5.0"], "training.inverse_a", "'inverse'"),
+    (["training.schedule='inverse'", "training.theta=0.3"], "training.theta", "'corollary2'"),
+])
+def test_a_key_the_schedule_does_not_step_with_is_an_error(sets, unused, users):
+    """corollary2 ignored training.lr (the run stepped with theta sqrt(B/T) = 0.2530) while summary.json recorded
+    lr = 0.1; a key the run does not use is an error naming the schedules that use it."""
+    from experiments.scenario import load_scenario
+    from sim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"{unused}: unused by schedule .*{unused} is used by schedule = {users}"):
+        load_scenario(None, sets)
+
+
+def test_summary_records_only_the_schedule_keys_the_run_steps_with():
+    from experiments.scenario import load_scenario, used_keys_dump
+
+    tr = used_keys_dump(load_scenario(None, ["training.schedule='corollary2'", "training.theta=0.2"]))["training"]
+    assert tr["theta"] == 0.2 and "lr" not in tr and "inverse_a" not in tr
+    tr = used_keys_dump(load_scenario(None, ["training.schedule='inverse'", "training.lr=0.2"]))["training"]
+    assert tr["lr"] == 0.2 and tr["inverse_a"] == 100.0 and "theta" not in tr
+    tr = used_keys_dump(load_scenario(None))["training"]
+    assert "lr" in tr and "theta" not in tr and "inverse_a" not in tr
