@@ -435,7 +435,11 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
             from .run import build_network
             from .scenario import load_scenario
 
-            custom = build_network(load_scenario(calibration).cluster, timing_only=True)
+            cal = load_scenario(calibration)
+            if "cluster" not in cal.model_fields_set:  # the schema's default [cluster] is 1 GbE, not a calibration
+                raise SparsimError(f"--calibration {calibration}: the file has no [cluster] table: valid a scenario or "
+                                   "`sparsim calibrate` output with [cluster] network = 'custom', alpha_s, bandwidth_Bps")
+            custom = build_network(cal.cluster, timing_only=True)
             if not hasattr(custom, "end_to_end_alpha_beta"):
                 raise SparsimError(f"--calibration {calibration}: its [cluster] is hierarchical; predict takes a "
                                    "flat network there (use --network with a cluster preset)")

@@ -297,3 +297,18 @@ def test_summary_records_only_the_schedule_keys_the_run_steps_with():
     assert tr["lr"] == 0.2 and tr["inverse_a"] == 100.0 and "theta" not in tr
     tr = used_keys_dump(load_scenario(None))["training"]
     assert "lr" in tr and "theta" not in tr and "inverse_a" not in tr
+
+
+def test_predict_calibration_without_a_cluster_table_is_an_error(tmp_path):
+    """#23 item 4: a --calibration file without [cluster] predicted for the schema's default 1 GbE without a word."""
+    from click.testing import CliRunner
+
+    from experiments.cli import main
+
+    f = tmp_path / "cal.toml"
+    f.write_text('name = "x"\n[training]\niterations = 5\n')
+    r = CliRunner().invoke(main, ["predict", "--calibration", str(f), "--d", "1000000", "--P", "8"])
+    assert r.exit_code == 2 and "has no [cluster] table" in r.output and len(r.output.strip().splitlines()) == 1
+    f.write_text('[cluster]\nnetwork = "custom"\nalpha_s = 1e-5\nbandwidth_Bps = 1e10\n')
+    r = CliRunner().invoke(main, ["predict", "--calibration", str(f), "--d", "1000000", "--P", "8"])
+    assert r.exit_code == 0 and "alpha = 1e-05 s, beta = 1e-10 s/byte" in r.output
