@@ -198,7 +198,9 @@ def _print_summary(path):
             where = f"network alpha = {net['alpha_s']:.3g} s, beta = {net['beta_s_per_byte']:.3g} s/byte"
         where += f"; engine {net.get('engine', 'message')}"
         clock = "sim time s"
-    click.echo(f"P = {r['P']}, d = {r['d']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}), "
+    sel = (f"; {r['k_selected_per_worker']} selected per worker over {r['n_segments']} segments, k_b = min(d_b, "
+           f"max(1, round(k d_b / d))), c = {r['compression_ratio_c_selected']:.4g}") if "k_selected_per_worker" in r else ""
+    click.echo(f"P = {r['P']}, d = {r['d']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}{sel}), "
                f"B = {r['global_batch_B']}, {where}")
     if "workload" in r:  # a [model] run: a network on images, timed by its layer-wise timeline
         return _print_net_summary(r, s)

@@ -537,6 +537,7 @@ def write_run_directory(tmp: Path, sc: Scenario, built: "Built", rows: list[dict
         "seed": sc.seed,
         "resolved": {
             "d": built.d, "k": built.k, "compression_ratio_c": built.d / built.k, "density": built.k / built.d,
+            **_selected_per_worker(built),
             "n_samples": built.objective.n, "P": sc.cluster.P, "global_batch_B": sc.cluster.P * sc.training.batch_size,
             "network": network_summary(built.network),
             "lr_first": built.lr(1),
@@ -574,6 +575,20 @@ def write_run_directory(tmp: Path, sc: Scenario, built: "Built", rows: list[dict
         where = sc.cluster.network if not backend or backend.get("name") == "sim" else \
             f"torch/{backend.get('dist_backend')} measured"
         run_figure(rows, tmp, title=f"{sc.name}: P = {sc.cluster.P}, d = {built.d}, k = {built.k}, {where}")
+
+
+def _selected_per_worker(built: "Built") -> dict:
+    """summary.json's record of what a layer-wise run selects: with segments (compression.layer_sizes, or a [model]
+    run's per-bucket / per-layer policy) each segment of d_b elements selects k_b = min(d_b, max(1, round(k d_b /
+    d))) (:func:`sim.algorithms.base.segment_k`), so a worker selects sum_b k_b, not k: ``k_selected_per_worker``
+    (that sum), ``n_segments`` (their count) and ``compression_ratio_c_selected`` (d over the sum). {} for whole-model
+    selection."""
+    spec = next((s for s in built.specs if s.segments is not None and s.algorithm.sparse), None)
+    if spec is None or len(spec.segments) < 2:
+        return {}
+    ks = spec.segment_ks(built.d)
+    return {"k_selected_per_worker": int(sum(ks)), "n_segments": len(ks),
+            "compression_ratio_c_selected": built.d / sum(ks)}
 
 
 def _json_default(o):

@@ -312,3 +312,27 @@ def test_predict_calibration_without_a_cluster_table_is_an_error(tmp_path):
     f.write_text('[cluster]\nnetwork = "custom"\nalpha_s = 1e-5\nbandwidth_Bps = 1e10\n')
     r = CliRunner().invoke(main, ["predict", "--calibration", str(f), "--d", "1000000", "--P", "8"])
     assert r.exit_code == 0 and "alpha = 1e-05 s, beta = 1e-10 s/byte" in r.output
+
+
+def test_layerwise_run_reports_the_k_it_selected_and_check_uses_it(tmp_path):
+    """#23 item 1: with 64 segments of 10 on digits each segment selects max(1, round(6/640 x 10)) = 1, so a worker
+    selects 64 entries (c = 10), not k = 6 (c = 106.7); summary.json, the header and sparsim check say so."""
+    import csv
+    import json
+
+    from click.testing import CliRunner
+
+    from experiments.check import check_run
+    from experiments.cli import main
+
+    out = tmp_path / "ls"
+    r = CliRunner().invoke(main, ["run", "--out", str(out), "--set", "training.iterations=3", "--algorithms", "topk",
+                                  "--set", "compression.layer_sizes=[" + ",".join(["10"] * 64) + "]"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "summary.json").read_text())["resolved"]
+    assert (res["k"], res["k_selected_per_worker"], res["n_segments"], res["compression_ratio_c_selected"]) == (6, 64, 64, 10.0)
+    assert "64 selected per worker over 64 segments" in r.output
+    with open(out / "metrics.csv") as fh:
+        assert {float(row["selected_per_worker"]) for row in csv.DictReader(fh) if int(row["iteration"]) >= 1} == {64.0}
+    rep = check_run(out, write=False)
+    assert any(n.startswith("gamma = 0.9:") for n in rep.notes)  # 1 - 1/10, not 1 - 6/640
