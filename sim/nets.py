@@ -17,6 +17,13 @@ tolerance (:data:`BATCHED_RTOL`, on the norm of the difference over the norm of 
 A run that needs the reference's bits (the torch backend computes one worker per process) sets
 ``model.gradients = "loop"`` (the default for networks with convolutions, where the loop is the faster on CPU).
 
+Threads. Every torch operator of a :class:`NetObjective` runs at one intra-op thread, whatever the caller's
+``torch.set_num_threads`` (restored afterwards): torch splits reductions by its thread count, so the gradients'
+last bits would otherwise depend on the machine's cores (and two OpenMP threads on two busy cores wait on each
+other). The caller's thread count is used instead by the per-worker loop, which computes that many workers at once
+in Python threads (torch releases the GIL in its operators), and by the evaluation's batches: each result still has
+the bits it has alone, so the loop's rows are batch_grad's on any machine (benchmarks/bench_net_sim.py, table (d)).
+
 BatchNorm. Each worker normalises over its own mini-batch (vmap keeps the batches apart: the gradient is computed on
 a copy whose BatchNorm layers keep no running statistics, ``torch.func.replace_all_batch_norm_modules_``). The
 running statistics, used only to evaluate (train and test accuracy in eval mode), are kept as DDP keeps them: DDP
@@ -58,9 +65,15 @@ BATCHED_RTOL = {"float32": 1e-5, "float64": 1e-12}
 
 
 #: How :meth:`NetObjective.batch_grads` computes the P gradients: one vmap call, the per-worker loop, or auto: vmap
-#: for networks without convolutions, the loop for those with (on this project's 2-core CPU vmap's grouped
-#: convolution weight gradients take 1.47 s for ResNet-20 at P = 16, b = 32, the loop 0.87 s, one backward of the
-#: global batch 0.73 s; for the 1.86M MLP vmap is the faster: benchmarks/bench_net_sim.py).
+#: for networks without convolutions, the loop for those with. Measured (benchmarks/bench_net_sim.py, float32,
+#: b = 32, one torch thread, this project's shared 2-core VM, CPU seconds of the P gradients, median of 3; the floor
+#: is one plain backward of the P x b images): ResNet-20 vmap 0.63 / 2.50 / 11.6 s at P = 4 / 16 / 64, loop 0.45 /
+#: 1.96 / 8.2 s, floor 0.33 / 1.65 / 7.6 s (vmap's grouped convolution weight gradients and batched BatchNorm: vmap
+#: is 1.25x the loop even with the BatchNorm layers removed); mlp-1024 vmap 0.025 / 0.074 / 0.51 s, loop 0.030 /
+#: 0.095 / 0.50 s; LeNet-5 a draw (vmap / loop 0.9 to 1.3 over two runs). With more than one thread the loop runs
+#: its workers in parallel (module docstring) and vmap does not: at 2 threads on the idle VM the loop took 0.056 s
+#: for mlp-1024 at P = 16 against vmap's 0.072 s. auto does not look at the thread count: the mode changes the
+#: gradients' last bits, which must not depend on the machine.
 GRADIENT_MODES = ("auto", "vmap", "loop")
 
 #: Most Python threads the per-worker loop runs at once (:meth:`NetObjective.batch_grads`): at most torch's
