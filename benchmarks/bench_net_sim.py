@@ -26,12 +26,17 @@ at one, sim/nets.py) and BLAS at one thread (as ``sparsim run``); glibc malloc k
 per step of each network and algorithm in the mode ``model.gradients = "auto"`` picks (said so in the table), or,
 with --full-epoch, measured: one run_algorithm call of floor(60000 / (P b)) iterations per network and algorithm.
 
-(c) Memory: for each NET:P of --memory (default mlp-3000:64) a child process runs ``sparsim run`` on the same
-scenario with that network and P, float32, 2 iterations of each algorithm, and the script reports the child's
-peak resident set size (``os.wait4``) against the estimate the run's own resource check holds against the free
-memory (``experiments.resources.estimate_memory`` with ``experiments.run_net.net_data_bytes``): measured /
-estimate. A configuration whose estimate exceeds this machine's available memory is refused by that check: the
-row says so (nothing is run).
+(c) Memory (measured first, while this process is small): for each NET:P of --memory (default mlp-3000:64) a child
+process runs ``sparsim run`` on the same scenario with that network and P, --dtype, 2 iterations of each algorithm,
+and the script reports the child's peak resident set size (VmHWM of /proc/self/status at its exit; ``ru_maxrss``
+would start from this process's resident set at the fork) against the estimate the run's own resource check
+holds against the free memory (``experiments.resources.estimate_memory`` with
+``experiments.run_net.net_data_bytes``): measured / estimate. A configuration whose estimate exceeds this machine's
+available memory is refused by that check: the row says so (nothing is run).
+
+(d) Threads (--loop-threads, default 1,2): in the same rounds as (a), the loop's P gradients and the floor with
+torch at each thread count (NetObjective runs each operator at one thread and the loop's workers on that many
+Python threads; the floor's operators use that many OpenMP threads).
 
 --profile NET:P:MODE:ALGO (repeatable) prints a cProfile of one such step (self time grouped: torch's C
 operators, sim/*.py, numpy, ...). --json PATH writes every measurement. Output: Markdown tables on stdout.
@@ -405,7 +410,8 @@ def main(argv=None):
     report["per_iteration"] = results
     report["threads"] = threads
     if results:
-        print("## (a) Seconds per simulated iteration against the floor (one plain forward + backward of P x b images)\n")
+        print("## (a) Seconds per simulated iteration against the floor (one plain forward + backward of P x b "
+              "images)\n")
         rows = []
         for r in results:
             ok = r["step_over_floor_cpu"] <= GOAL
