@@ -414,9 +414,9 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
         raise ConfigError("--jobs runs the simulator's algorithms in parallel: valid with --backend sim and without "
                           "workload.model / workload.table (a workload run is one timeline)")
     if jobs is not None and jobs > 1 and sc.model.name:
-        raise ConfigError(f"--jobs {jobs} with model.name = {sc.model.name!r}: a network's gradients already use every "
-                          "core through torch's threads (which a forked process cannot reuse), so its algorithms run one "
-                          "after another: valid --jobs 1 or none")
+        raise ConfigError(f"--jobs {jobs} with model.name = {sc.model.name!r}: torch cannot run in a forked process "
+                          "once its thread pool has started, and the per-worker gradients spread over the cores already "
+                          "(sim.nets), so its algorithms run one after another: valid --jobs 1 or none")
     if sc.workload.active:
         if backend != "sim" or nproc is not None:
             raise ConfigError("workload.model / workload.table simulate a real model's iteration timeline: valid "
@@ -458,7 +458,7 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
         t_wall = time.perf_counter()
         if backend == "sim":
             clock = _RunClock(sc.training.iterations * len(built.specs))
-            # a [model] run: torch's thread pool does not survive fork, and its gradients use the cores already
+            # a [model] run: torch does not survive fork, and its per-worker gradients spread over the cores already
             n_jobs = 1 if sc.model.name else algorithm_jobs(jobs, len(built.specs), estimate or None)
             per_spec = run_algorithms(built.specs, built, T=sc.training.iterations,
                                       eval_every=sc.training.eval_every, jobs=n_jobs,

@@ -13,16 +13,16 @@ from .scenario import Scenario
 
 __all__ = ["net_data_bytes", "net_resolved", "write_net_trace"]
 
-#: Bytes of the torch runtime and the network's autograd buffers besides the data, measured as the resident-set
-#: growth of importing torch and taking one batched step of the zoo's networks (about 300 MiB), rounded up.
-TORCH_RUNTIME_BYTES = 512 * 2**20
+#: Bytes of the torch runtime and the network's activations besides the data: ResNet-20 at P = 16 peaked at 1.29 GiB
+#: against an estimate of 0.99 GiB with 512 MiB here (activations of the evaluation's 1000-image forwards and of two
+#: workers' backward passes at once; docs/networks-benchmarks.md), so 1 GiB keeps the estimate an upper bound.
+TORCH_RUNTIME_BYTES = 2**30
 
 
 def net_data_bytes(ds, sc: Scenario) -> int:
     """Bytes a [model] run holds besides the workers' vectors: the images as uint8 and once in the training
-    dtype (float32 or float64; train and test), the batched step's P x d gradient block and the network's
-    activations for the global batch (bounded by 64 x d per sample-batch of the zoo's networks), and the torch
-    runtime (:data:`TORCH_RUNTIME_BYTES`)."""
+    dtype (float32 or float64; train and test), the batched step's P x d gradient block (twice: the block and
+    its copy), and the torch runtime with the networks' activations (:data:`TORCH_RUNTIME_BYTES`, measured)."""
     from sim.nets import NET_PARAMS
 
     w = 4 if sc.training.dtype == "float32" else 8
