@@ -85,3 +85,58 @@ def test_model_scenario_uses_workload_keys_and_dumps_what_it_uses():
     assert dump["workload"]["device"] == "V100"
     plain = used_keys_dump(load_scenario(None))
     assert "model" not in plain and "time_budget_s" not in plain["training"]
+
+
+SMALL = ["--set", "model.name='lenet5'", "--set", "data.dataset='fashion-mnist'", "--set", "cluster.P=4",
+         "--set", "training.batch_size=8", "--set", "model.eval_samples=64", "--set", "model.test_samples=100",
+         "--set", "training.dtype='float32'", "--set", "compression.value_bytes=4", "--set", "cluster.network='gtopk-icdcs'",
+         "--set", "workload.device='P102-100'"]
+
+
+@needs_data
+def test_a_model_run_through_the_cli_is_timed_by_the_networks_timeline(tmp_path):
+    """Whole run: accuracy columns filled at evaluations, each iteration's time = the network's timeline for that
+    algorithm on the cluster (recomputed here), the clock its float64 running sum; a time budget keeps exactly the
+    iterations whose clock is within it; sparsim check reports delta on every step."""
+    import csv
+    import json
+
+    from click.testing import CliRunner
+
+    from experiments.check import check_run
+    from experiments.cli import main
+    from experiments.run import build
+    from experiments.scenario import load_scenario
+    from sim.timeline import simulate_timeline
+
+    out = tmp_path / "r"
+    r = CliRunner().invoke(main, ["run", "--out", str(out), "--algorithms", "dense,gtopk", "--set", "training.iterations=4",
+                                  "--set", "training.eval_every=2", *SMALL])
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(open(out / "metrics.csv")))
+    sc = load_scenario(None, [a for a in SMALL if a != "--set"] + ["training.iterations=4", "training.eval_every=2"])
+    built = build(sc)
+    for spec in [s for s in built.specs if s.label in ("dense", "gtopk")]:
+        mine = [x for x in rows if x["algorithm"] == spec.label and int(x["iteration"]) >= 1]
+        res = simulate_timeline(spec, built.workload, 4, network=built.network, policy=built.clock.policy,
+                                device=built.clock.device, batch_size=8, compute=built.compute, iterations=4)
+        assert [float(x["sim_time_s"]) for x in mine] == np.cumsum(res.iter_s).tolist()  # the clock, bit for bit
+        # iter_time_s is the clock's difference (as in every run), the timeline's time up to that subtraction's rounding
+        assert [float(x["iter_time_s"]) for x in mine] == pytest.approx(res.iter_s.tolist(), rel=1e-12)
+        ev = [x for x in rows if x["algorithm"] == spec.label and x["test_accuracy"] not in ("", "nan")]
+        assert [int(x["iteration"]) for x in ev] == [0, 2, 4]
+        assert all(0 <= float(x[c]) <= 1 for x in ev for c in ("train_accuracy", "test_accuracy"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mode"] == "network on images" and summary["resolved"]["workload"]["parameters"] == 61_706
+    rep = check_run(out, write=False)
+    assert [t for t, _ in rep.deltas["gtopk"]] == [1, 2, 3, 4]
+    assert any("smoothness constant L is unknown" in n for n in rep.notes)
+    # a budget between the 2nd and 3rd iteration's clock keeps 2 iterations
+    g = [float(x["sim_time_s"]) for x in rows if x["algorithm"] == "gtopk" and int(x["iteration"]) >= 1]
+    budget = (g[1] + g[2]) / 2
+    out2 = tmp_path / "b"
+    r = CliRunner().invoke(main, ["run", "--out", str(out2), "--algorithms", "gtopk", "--set", "training.iterations=4",
+                                  "--set", f"training.time_budget_s={budget!r}", *SMALL])
+    assert r.exit_code == 0, r.output
+    kept = [x for x in csv.DictReader(open(out2 / "metrics.csv")) if int(x["iteration"]) >= 1]
+    assert [float(x["sim_time_s"]) for x in kept] == g[:2]
