@@ -172,7 +172,7 @@ def check_resources(sc, d: int, data_bytes: int, *, backend: str = "sim", yes: b
         raise ResourceError(
             f"the run needs about {format_bytes(mem)} of memory ({how}) but this machine has "
             f"{format_bytes(avail)} available: valid estimate <= available memory; lower cluster.P or the model "
-            + ("(model.name, training.dtype)" if sc.model.name else "size (data.d, the data set)"))
+            + ("(model.name, training.dtype, training.batch_size)" if sc.model.name else "size (data.d, the data set)"))
     work = estimate_work(sc, d)
     secs = work * SECONDS_PER_UNIT
     if work > MAX_WORK and not yes:

@@ -11,7 +11,7 @@ import dataclasses
 
 from .scenario import Scenario
 
-__all__ = ["net_data_bytes", "net_resolved", "write_net_trace"]
+__all__ = ["net_data_bytes", "net_resolved", "write_net_trace", "activation_bytes"]
 
 #: Bytes of the torch runtime and the network's activations besides the data: ResNet-20 at P = 16 peaked at 1.29 GiB
 #: against an estimate of 0.99 GiB with 512 MiB here (activations of the evaluation's 1000-image forwards and of two
@@ -28,7 +28,44 @@ def net_data_bytes(ds, sc: Scenario) -> int:
     w = 4 if sc.training.dtype == "float32" else 8
     pixels = ds.X_train.size + ds.X_test.size
     d = NET_PARAMS[sc.model.name]
-    return int(pixels * (1 + w) + 2 * sc.cluster.P * d * w + TORCH_RUNTIME_BYTES)
+    return int(pixels * (1 + w) + 2 * sc.cluster.P * d * w + activation_bytes(sc) + TORCH_RUNTIME_BYTES)
+
+
+#: Elements autograd keeps per leaf-module output element of a training forward (the outputs, the inputs their
+#: backward needs, the gradients flowing back, allocator slack). Measured on ResNet-20 in float64 at P = 2 (two loop
+#: workers in flight on 2 cores): b = 200 peaked at 6.2 GB, b = 1000 at 23.9 GB; 5 x the leaf outputs (293,226 per
+#: image) x 8 bytes x 2 x b gives 4.7 and 23.5 GB, plus the runtime allowance and the data 6.3 and 25.1 GB.
+ACTIVATION_FACTOR = 5
+
+
+def activation_bytes(sc: Scenario) -> int:
+    """Bytes of the network's activations at the peak of a [model] run's gradient step: ACTIVATION_FACTOR x the
+    elements all leaf modules output for one 1 x 28 x 28 image (one forward with hooks on the zoo network) x the
+    dtype's size x the images in flight: P x b with ``model.gradients = "vmap"`` (one batched call), the loop's
+    concurrent workers (:meth:`sim.nets.NetObjective._n_threads`: up to the cores, P and LOOP_MAX_THREADS) x b
+    otherwise, and at least the evaluation's 1000-image forwards (no saved tensors: a quarter of the factor)."""
+    import os
+
+    from sim.nets import LOOP_MAX_THREADS, build_net, torch_or_error
+
+    torch = torch_or_error()
+    m = build_net(sc.model.name, dtype="float32")
+    outs = []
+    hooks = [mod.register_forward_hook(lambda _m, _i, o: outs.append(o.numel() if hasattr(o, "numel") else 0))
+             for mod in m.modules() if not list(mod.children())]
+    try:
+        with torch.no_grad():
+            m.eval()
+            m(torch.zeros(1, 1, 28, 28))
+    finally:
+        for h in hooks:
+            h.remove()
+    w = 4 if sc.training.dtype == "float32" else 8
+    P, b = sc.cluster.P, sc.training.batch_size
+    conv = any(isinstance(x, torch.nn.modules.conv._ConvNd) for x in m.modules())
+    vmap = sc.model.gradients == "vmap" or (sc.model.gradients == "auto" and not conv)
+    in_flight = P * b if vmap else min(os.cpu_count() or 1, P, LOOP_MAX_THREADS) * b
+    return int(ACTIVATION_FACTOR * sum(outs) * w * max(in_flight, 1000 / ACTIVATION_FACTOR))
 
 
 def net_resolved(sc: Scenario, built) -> dict:
