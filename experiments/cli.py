@@ -10,6 +10,7 @@ import functools
 import os
 import signal
 import sys
+from pathlib import Path
 
 import click
 
@@ -182,7 +183,8 @@ def _print_summary(path):
     r = s["resolved"]
     if s.get("mode", "").startswith("workload"):
         return _print_workload_summary(path, s)
-    click.echo(f"wrote {path}/ (metrics.csv, summary.json, figure.png, figure.pdf)")
+    click.echo(f"wrote {path}/ (metrics.csv, summary.json, figure.png, figure.pdf"
+               + (", trace.json" if (Path(path) / "trace.json").is_file() else "") + ")")
     be = s.get("backend") or {"name": "sim"}
     if be.get("name") == "torch":  # measured: the scenario's network model was not used
         where = f"torch backend ({be.get('dist_backend')}, {be.get('nproc')} processes), measured wall times"

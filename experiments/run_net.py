@@ -87,6 +87,9 @@ def net_resolved(sc: Scenario, built) -> dict:
                  "n_test": int(ds.y_test.shape[0]), "source": ds.source},
         "policy": dataclasses.asdict(clock.policy),
         "segments": list(segs) if segs is not None else None,
+        # what the objective used: eval / test images (clamped to the data, eval rounded down to a multiple of b)
+        # and the gradient mode that "auto" resolved to
+        "objective_params": dict(built.objective.params),
         "time_budget_s": clock.time_budget_s or None,
     }
 

@@ -325,6 +325,23 @@ class NetObjective(Objective):
                               f"{' x '.join(map(str, shape))} ({msg}): valid a network for that input") from None
         finally:
             self._stats.train()
+        if not isinstance(out, torch.Tensor):
+            raise ConfigError(f"the network {self.net_name!r} returns a {type(out).__name__} for one image: valid one "
+                              f"tensor of logits, shape (1, C) with C >= {self.n_classes} classes")
+        params = list(self._stats.named_parameters())
+        if not params:
+            raise ConfigError(f"the network {self.net_name!r} has no parameters: valid a network with d >= 1 parameters")
+        frozen = [n for n, p in params if not p.requires_grad]
+        if frozen:
+            raise ConfigError(f"the network {self.net_name!r} has frozen parameters ({', '.join(frozen[:3])}"
+                              f"{', ...' if len(frozen) > 3 else ''}; requires_grad = False), which the flat vector would "
+                              "train: valid every parameter trainable (leave frozen ones out of the module)")
+        random = sorted({type(m).__name__ for m in self._stats.modules()
+                         if isinstance(m, torch.nn.modules.dropout._DropoutNd)})
+        if random:
+            raise ConfigError(f"the network {self.net_name!r} holds {', '.join(random)}: its draws would make the workers' "
+                              "gradients depend on torch's global generator (and vmap refuses them): valid a network "
+                              "without random layers")
         if out.ndim != 2 or out.shape[0] != 1 or out.shape[1] < self.n_classes:
             raise ConfigError(f"the network {self.net_name!r} outputs shape {tuple(out.shape)} for one image of "
                               f"{' x '.join(map(str, shape))}: valid (1, C) with C >= {self.n_classes} classes")

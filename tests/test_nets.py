@@ -482,3 +482,45 @@ def test_cli_data_path_without_the_files_exits_2(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     _bad_run(tmp_path, [f"data.path='{empty}'"], f"data.path = '{empty}'", "train-images-idx3-ubyte.gz not found")
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda nn: _Tuple(), "returns a tuple"),
+    (lambda nn: nn.Sequential(nn.Flatten(), nn.Linear(784, 10), nn.Dropout(0.5)), "Dropout"),
+    (lambda nn: _frozen(nn), "frozen parameters"),
+])
+def test_modules_the_flat_vector_cannot_train_are_refused(make, match):
+    """Found by a fresh user: a tuple output or no parameters raised AttributeError / ValueError, Dropout failed inside
+    vmap (or made the loop non-deterministic), a frozen parameter was trained."""
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from sim.errors import ConfigError
+    from sim.nets import NetObjective
+
+    X = np.zeros((8, 28, 28), dtype=np.uint8)
+    X[:, 3, 3] = 255
+    y = np.arange(8) % 10
+    with pytest.raises(ConfigError, match=match):
+        NetObjective(make(nn), X, y, X, y, chunk=4, eval_samples=8)
+
+
+def _frozen(nn):
+    m = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
+    m[1].bias.requires_grad_(False)
+    return m
+
+
+class _Tuple:
+    def __new__(cls):
+        from torch import nn
+
+        class T(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(784, 10)
+
+            def forward(self, x):
+                return self.fc(x.flatten(1)), None
+
+        return T()
