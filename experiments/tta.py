@@ -468,6 +468,7 @@ def summarise(tta_rows: list[dict]) -> dict:
     s = spread([r["best_test_accuracy"] for r in tta_rows])
     out.update(best_test_accuracy_mean=s["mean"], best_test_accuracy_std=s["std"])
     out["iterations_run"] = float(np.mean([r["iterations_run"] for r in tta_rows]))
+    out["final_iteration_min"] = min(int(r["final_iteration"]) for r in tta_rows)  # 0: never evaluated after training
     out["iter_time_s"] = float(np.mean([r["iter_time_s"] for r in tta_rows]))
     return out
 
@@ -604,6 +605,12 @@ def claims(pl: Plan, summary: list[dict]) -> list[str]:
     if "dense" in pl.algorithms and "gtopk" in pl.algorithms and 0.001 in pl.densities:
         for cl in clusters:
             g, d = get("gtopk", 0.001, cl), get("dense", None, cl)
+            untrained = [n for n, x in (("dense", d), ("gTop-k", g)) if x["final_iteration_min"] == 0]
+            if untrained:  # a budget that ends before a side's first evaluation after iteration 0
+                out.append(f"gTop-k at density 0.001 against dense (Shi et al., IJCAI 2019){where(cl)}: no verdict -- "
+                           f"{' and '.join(untrained)} has no evaluation after iteration 0 {at} (evaluations every "
+                           f"{pl.eval_every} iterations): raise the budget or lower --eval-every.")
+                continue
             gap = d["final_test_accuracy_mean"] - g["final_test_accuracy_mean"]
             tta = ""
             if g["n_reached"] == g["seeds"] and d["n_reached"] == d["seeds"]:

@@ -179,6 +179,20 @@ def test_time_budget_stops_each_cluster_at_the_same_simulated_time(tmp_path):
     assert int(metrics[-1]["iteration"]) == 30  # trained for the most any cluster keeps
 
 
+@needs_data
+def test_no_verdict_against_an_untrained_dense(tmp_path):
+    """A fresh user's --time-budget-s 0.05: on gtopk-icdcs dense kept 2 iterations, its last evaluation within the
+    budget was iteration 0 (the initial network), and results.md called the IJCAI claim 'reproduced' (51 points
+    above dense)."""
+    r = _invoke("--quick", "--jobs", "1", "--seeds", "1", "--time-budget-s", "0.05", "--out", str(tmp_path / "b"))
+    assert r.exit_code == 0, r.output
+    tta = {(x["algorithm"], x["cluster"]): x for x in _csv(tmp_path / "b" / "tta.csv")}
+    assert int(tta[("dense", "gtopk-icdcs")]["final_iteration"]) == 0
+    text = (tmp_path / "b" / "results.md").read_text()
+    line = next(ln for ln in text.splitlines() if "IJCAI" in ln and "gtopk-icdcs" in ln)
+    assert "no verdict" in line and "reproduced" not in line
+
+
 @pytest.mark.parametrize("target", ["0", "1.5", "-0.2", "nan"])
 def test_bad_target_is_one_line_exit_2(tmp_path, target):
     r = _invoke("--quick", "--target", target, "--out", str(tmp_path / "t"))
