@@ -171,8 +171,9 @@ class Built:
         return ds.y_train
 
     def _net_segments(self, sc: Scenario):
-        """A [model] run: the timeline clock, and per-bucket / per-layer selection on the network's own tensors (the
-        buckets the timeline communicates) for the segmented sparse algorithms."""
+        """A [model] run: the timeline clock, and per-bucket / per-layer exchange on the network's own tensors (the
+        buckets the timeline communicates) for the segmented algorithms. Raises ConfigError for a dense-like segmented
+        algorithm (PowerSGD) under Horovod's fusion, and for buckets that are not consecutive in the flat vector."""
         import dataclasses as _dc
 
         from sim.timeline import TimelineClock, ddp_buckets, flat_segments, layer_buckets
@@ -184,12 +185,25 @@ class Built:
         self.clock = TimelineClock(self.workload, sc.cluster.P, self.network, policy,
                                    dev, sc.training.batch_size, self.compute, sc.cluster.engine,
                                    sc.training.time_budget_s)
-        if policy.sparse == "model":
-            return
-        buckets = ddp_buckets(self.workload, policy, sc.compression.value_bytes) if policy.sparse == "bucket" \
-            else layer_buckets(self.workload)
-        sizes = flat_segments(self.workload, buckets)
-        self.specs = [_dc.replace(s, segments=sizes) if (s.algorithm.sparse and s.algorithm.segmented) else s
+        # the numerics exchange per segment exactly as the timeline communicates: sparse algorithms per the sparse
+        # policy's buckets or layers; dense-like segmented ones (PowerSGD: one matrix per DDP bucket, as torch's hook)
+        # per DDP bucket under dense_policy = "ddp"; dense itself sums the same vector either way (not segmented)
+        vb = sc.compression.value_bytes
+        sparse_sizes = None if policy.sparse == "model" else flat_segments(
+            self.workload, ddp_buckets(self.workload, policy, vb) if policy.sparse == "bucket"
+            else layer_buckets(self.workload))
+        dense_like = [s for s in self.specs if not s.algorithm.sparse and s.algorithm.segmented]
+        dense_sizes = None
+        if dense_like and policy.dense == "horovod":
+            raise ConfigError(f"workload.dense_policy = 'horovod' with {dense_like[0].label}: Horovod's fusion buffers "
+                              "depend on the gradients' ready times, so the numerics cannot exchange per buffer as the "
+                              "timeline does: valid dense_policy ddp or none for it")
+        if dense_like and policy.dense == "ddp":
+            dense_sizes = flat_segments(self.workload, ddp_buckets(self.workload, policy, vb))
+        sparse_sizes, dense_sizes = (None if z is None or len(z) < 2 else z for z in (sparse_sizes, dense_sizes))
+        self.specs = [s if not s.algorithm.segmented else
+                      _dc.replace(s, segments=sparse_sizes) if s.algorithm.sparse and sparse_sizes is not None else
+                      _dc.replace(s, segments=dense_sizes) if not s.algorithm.sparse and dense_sizes is not None else s
                       for s in self.specs]
 
 
@@ -291,6 +305,10 @@ def run_id(sc: Scenario, backend: str = "sim") -> str:
             dump.get(table, {}).pop(key, None)
     if not dump.get("algorithm", True):
         del dump["algorithm"]
+    tr = dump.get("training", {})
+    if "schedule" in tr:  # the schedule's unused step keys (at their defaults: others are refused) entered the old ids
+        for key in ("lr", "theta", "inverse_a"):
+            tr.setdefault(key, getattr(sc.training, key))
     text = json.dumps({"scenario": dump, "backend": backend}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -170,3 +170,21 @@ def test_activation_estimate_counts_the_images_in_flight():
     assert activation_bytes(sc()) == ACTIVATION_FACTOR * sum(outs) * 8 * threads * 300
     assert activation_bytes(sc(**{"model.gradients": "'vmap'"})) == ACTIVATION_FACTOR * sum(outs) * 8 * 4 * 300
     assert activation_bytes(sc(**{"training.dtype": "'float32'"})) * 2 == activation_bytes(sc())
+
+
+@needs_data
+def test_powersgd_exchanges_per_ddp_bucket_as_the_timeline_charges(tmp_path):
+    """A [model] run's PowerSGD compressed the whole model as one matrix while the clock charged one per DDP bucket
+    (LeNet-5, 0.05 MiB buckets); now its segments are the DDP buckets in flat order, and Horovod is refused."""
+    from experiments.run import build
+    from sim.timeline import ddp_buckets, flat_segments
+
+    sets = ["model.name='lenet5'", "data.dataset='fashion-mnist'", "cluster.P=2", "training.batch_size=8",
+            "workload.bucket_cap_mb=0.05", "algorithms=['dense', 'powersgd']"]
+    built = build(load_scenario(None, sets))
+    specs = {s.name: s for s in built.specs}
+    want = flat_segments(built.workload, ddp_buckets(built.workload, built.clock.policy, 4))
+    assert len(want) > 1 and specs["powersgd"].segments == want and sum(want) == 61_706
+    assert specs["dense"].segments is None
+    with pytest.raises(ConfigError, match="horovod"):
+        build(load_scenario(None, sets + ["workload.dense_policy='horovod'"]))
