@@ -253,7 +253,7 @@ def test_time_to_target_rules():
 def test_summary_gives_a_mean_only_when_every_seed_reached():
     def row(reached, it, t, acc):
         return {"reached": reached, "tta_iteration": it, "tta_sim_time_s": t, "final_test_accuracy": acc,
-                "best_test_accuracy": acc, "iterations_run": 40, "iter_time_s": 0.5}
+                "best_test_accuracy": acc, "iterations_run": 40, "final_iteration": 40, "iter_time_s": 0.5}
 
     s = summarise([row(True, 20, 10.0, 0.8), row(True, 30, 15.0, 0.82), row(True, 40, 20.0, 0.84)])
     assert (s["n_reached"], s["tta_iteration_mean"], s["tta_sim_time_s_std"]) == (3, 30.0, 5.0)
