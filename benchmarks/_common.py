@@ -103,9 +103,11 @@ def closed_form_messages(name: str, P: int) -> int:
 
 
 def module_of(filename: str) -> str:
-    """Group a profiled function's file name: "simpy", "sim/<file>.py", "numpy", "builtins/C" or "other"."""
+    """Group a profiled function's file name: "simpy", "torch", "sim/<file>.py", "numpy", "builtins/C" or "other"."""
     if "/simpy/" in filename:
         return "simpy"
+    if "/torch/" in filename:
+        return "torch"
     if "/sim/" in filename:
         return "sim/" + filename.rsplit("/sim/", 1)[1]
     if "numpy" in filename:

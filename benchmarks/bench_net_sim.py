@@ -69,7 +69,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment_line, markdown_table, median, tune_malloc  # noqa: E402
+from _common import environment_line, markdown_table, median, module_of, tune_malloc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "experiments" / "scenarios" / "fmnist-resnet20-gtopk-icdcs.toml"
@@ -351,18 +351,6 @@ def memory(args) -> list[dict]:
     return out
 
 
-def _group(filename: str) -> str:
-    if filename == "~":
-        return "C (torch operators, numpy/numba kernels)"
-    if "/torch/" in filename:
-        return "torch (Python)"
-    if "/sim/" in filename:
-        return "sim/" + filename.rsplit("/sim/", 1)[1]
-    if "numpy" in filename:
-        return "numpy (Python)"
-    return "other"
-
-
 def profile(args, spec: str) -> str:
     """cProfile of one step (1 + --iterations iterations of run_algorithm) of NET:P:MODE:ALGO; self time grouped."""
     net, P, mode, algo = spec.split(":")
@@ -376,7 +364,7 @@ def profile(args, spec: str) -> str:
     st = pstats.Stats(prof, stream=s)
     groups: dict[str, float] = {}
     for (filename, _, _), (_, _, tt, _, _) in st.stats.items():
-        groups[_group(filename)] = groups.get(_group(filename), 0.0) + tt
+        groups[module_of(filename)] = groups.get(module_of(filename), 0.0) + tt
     total = sum(groups.values())
     s.write(f"total {total:.2f} s (includes the run's set-up and its evaluation at iterations 0 and T); self time: "
             + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(groups.items(), key=lambda kv: -kv[1])[:8]) + "\n")

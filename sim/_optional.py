@@ -13,3 +13,17 @@ def kernels(name: str):
         return importlib.import_module(f"sim.{name}")
     except ImportError:
         return None
+
+
+def torch_module(user: str):
+    """The torch module, or ConfigError (one line) saying that ``user`` (e.g. "a [model] network") needs torch and
+    which extra installs it (the CPU build torch==2.13.0). torch is optional: only networks, measured workloads, the
+    torch backend and the DDP hooks need it."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - exercised only without torch
+        from .errors import ConfigError
+
+        raise ConfigError(f"{user} needs torch, which is not installed: pip install -e '.[torch]' (the CPU build "
+                          "torch==2.13.0)") from None
+    return torch

@@ -41,6 +41,7 @@ import functools
 
 import numpy as np
 
+from ._optional import torch_module
 from .errors import ConfigError, SparsimError
 from .objectives import Objective, _const
 
@@ -114,13 +115,8 @@ def _one_torch_thread(method):
 
 
 def torch_or_error():
-    """The torch module, or ConfigError (one line) naming the extra that installs it."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - exercised only without torch
-        raise ConfigError("a [model] network needs torch, which is not installed: pip install -e '.[torch]' "
-                          "(the CPU build torch==2.13.0)") from None
-    return torch
+    """The torch module, or ConfigError (one line) naming the extra that installs it (sim._optional.torch_module)."""
+    return torch_module("a [model] network")
 
 
 def _modules():

@@ -46,6 +46,7 @@ import statistics
 import time
 from collections import defaultdict
 
+from .._optional import torch_module
 from ..errors import ConfigError, check_int
 from .model import LayerCost, ParamTensor, Workload
 
@@ -59,12 +60,7 @@ _FLOPS_NOTE = ("FLOPs per sample by torch.utils.flop_counter formulas (multiply-
 
 
 def _torch():
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - exercised only without torch
-        raise ConfigError("torch is not installed: valid with torch (pip install 'sparsim[torch]') for "
-                          "from_torch / measure_torch; stored zoo tables load without it") from None
-    return torch
+    return torch_module("from_torch / measure_torch (stored zoo tables load without it)")
 
 
 def _check_shape(input_shape) -> tuple[int, ...]:
