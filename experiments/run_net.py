@@ -99,7 +99,7 @@ def write_net_trace(path, sc: Scenario, built, rows: list[dict]) -> bool:
     ``workload.trace_iterations`` of the first ``workload.trace_ranks`` ranks of every algorithm, on the same simulated
     clock as metrics.csv (the timeline is recomputed: it depends only on the spec, never on the values). Iterations
     after the run's last (a time budget can stop it early) are left out. Returns whether a file was written."""
-    from sim.timeline import chrome_trace, simulate_timeline
+    from sim.timeline import chrome_trace
 
     w, clock = sc.workload, built.clock
     traces = {}
@@ -108,10 +108,7 @@ def write_net_trace(path, sc: Scenario, built, rows: list[dict]) -> bool:
         its = [t for t in w.trace_iterations if t <= T]
         if not its:
             continue
-        res = simulate_timeline(dataclasses.replace(spec, segments=None), clock.workload, clock.P, network=clock.network,
-                                policy=clock.policy, device=clock.device, batch_size=clock.batch_size,
-                                compute=clock.compute, iterations=max(its), engine=clock.engine, trace_iterations=its,
-                                trace_ranks=min(w.trace_ranks, clock.P))
+        res = clock(spec, max(its), trace_iterations=its, trace_ranks=min(w.trace_ranks, clock.P))
         traces[spec.label] = res.timelines
     if not any(traces.values()):
         return False

@@ -316,11 +316,9 @@ def _check_plan(pl: Plan) -> None:
 def _workload(model: str):
     """The network's :class:`sim.workloads.Workload` as a [model] run builds it (:meth:`sim.nets.NetObjective.workload`:
     :func:`sim.workloads.extract.from_torch` on a 1 x 28 x 28 image, tensors in the flat vector's order)."""
-    from sim.nets import NET_PARAMS, build_net
-    from sim.workloads.extract import from_torch
+    from sim.nets import NET_PARAMS, build_net, net_workload
 
-    wl = from_torch(build_net(model, seed=0, dtype="float32"), (1, 28, 28), name=model,
-                    source=f"sim.nets {model}: FLOPs by torch.utils.flop_counter formulas")
+    wl = net_workload(build_net(model, seed=0, dtype="float32"), (1, 28, 28), model)
     if wl.d != NET_PARAMS[model]:  # pragma: no cover - a zoo inconsistency
         raise SparsimError(f"the workload of {model} has d = {wl.d}, the network {NET_PARAMS[model]}")
     return wl

@@ -45,7 +45,8 @@ from ._optional import torch_module
 from .errors import ConfigError, SparsimError
 from .objectives import Objective, _const
 
-__all__ = ["NET_ZOO", "NET_PARAMS", "BATCHED_RTOL", "GRADIENT_MODES", "build_net", "NetObjective", "torch_or_error"]
+__all__ = ["NET_ZOO", "NET_PARAMS", "BATCHED_RTOL", "GRADIENT_MODES", "build_net", "net_workload", "NetObjective",
+           "torch_or_error"]
 
 #: Networks for 1 x 28 x 28 images and 10 classes: name -> one-line description.
 NET_ZOO = {
@@ -205,6 +206,16 @@ def build_net(name: str, *, seed: int = 0, dtype: str = "float64"):
         torch.manual_seed(int(seed))
         m = make()
     return m.to(getattr(torch, dtype))
+
+
+def net_workload(module, input_shape: tuple[int, ...], name: str):
+    """The timeline's :class:`sim.workloads.Workload` of a network: :func:`sim.workloads.extract.from_torch` on a
+    float32 copy of ``module`` for one sample of ``input_shape`` (e.g. (1, 28, 28)), FLOPs per layer by
+    torch.utils.flop_counter formulas, tensors in ``module.parameters()`` order. Raises ConfigError as from_torch."""
+    from .workloads.extract import from_torch
+
+    return from_torch(copy.deepcopy(module).float(), tuple(input_shape), name=name,
+                      source=f"sim.nets {name}: FLOPs by torch.utils.flop_counter formulas")
 
 
 def _pixel_stats(X) -> tuple[float, float] | None:
@@ -624,10 +635,7 @@ class NetObjective(Objective):
     def workload(self):
         """The network as a :class:`sim.workloads.Workload` (FLOPs per layer from
         :func:`sim.workloads.extract.from_torch` on a 1 x 28 x 28 input), tensors in the flat vector's order."""
-        from .workloads.extract import from_torch
-
-        wl = from_torch(copy.deepcopy(self._stats).float(), tuple(self._X.shape[1:]), name=self.net_name,
-                        source=f"sim.nets {self.net_name}: FLOPs by torch.utils.flop_counter formulas")
+        wl = net_workload(self._stats, tuple(self._X.shape[1:]), self.net_name)
         if [t.name for t in wl.tensors] != self.tensor_names:
             raise SparsimError(f"the timeline's tensors of {self.net_name!r} are not the flat vector's order")
         return wl

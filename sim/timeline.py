@@ -539,12 +539,13 @@ class TimelineClock:
     engine: str = "auto"
     time_budget_s: float = 0.0
 
-    def __call__(self, spec: AlgorithmSpec, iterations: int) -> TimelineResult:
+    def __call__(self, spec: AlgorithmSpec, iterations: int, **trace) -> TimelineResult:
         """The timeline of ``iterations`` iterations of ``spec`` (its segments dropped: the policy gives the
-        buckets and their k_b, the same rule :func:`segment_k` as the numerics' segments)."""
+        buckets and their k_b, the same rule :func:`segment_k` as the numerics' segments). ``trace``:
+        :func:`simulate_timeline`'s ``trace_iterations`` / ``trace_ranks``."""
         return simulate_timeline(dataclasses.replace(spec, segments=None), self.workload, self.P, network=self.network,
                                  policy=self.policy, device=self.device, batch_size=self.batch_size,
-                                 compute=self.compute, iterations=iterations, engine=self.engine)
+                                 compute=self.compute, iterations=iterations, engine=self.engine, **trace)
 
     def iterations_within(self, res: TimelineResult) -> int:
         """How many of ``res``'s iterations run: all without a budget, else those whose clock <= time_budget_s."""
