@@ -90,7 +90,7 @@ def run_algorithms(specs, built, *, T: int, eval_every: int, jobs: int = 1, bar_
     """
     specs = list(specs)
     kw = dict(T=T, lr=built.lr, x0=built.x0, network=built.network, compute=built.compute, eval_every=eval_every,
-              clock=getattr(built, "clock", None))
+              clock=built.clock)
     t0 = time.perf_counter()
     if jobs <= 1 or len(specs) < 2:
         out = []
