@@ -1,7 +1,7 @@
 """Helpers shared by the benchmark scripts (not a test module; nothing here asserts on time).
 
 - :func:`tune_malloc`: make glibc keep freed memory in the heap instead of returning every large
-  (> 128 KiB) numpy buffer to the kernel with munmap (the CLI's own setting, ``sim._malloc``). The simulator
+  (> 128 KiB) numpy buffer to the kernel with munmap (the CLI's own setting, ``sim.base.malloc``). The simulator
   allocates many 8 MB arrays per step at d = 10^6; on this VM each fresh page costs a (slow) page fault, which roughly doubles the
   numerics' wall time and adds noise. Both drivers run under the same setting, so the simpy/lockstep
   ratio stays a fair comparison (and, because the shared numerics get cheaper, a stricter one).
@@ -22,9 +22,9 @@ import numpy as np
 import simpy
 
 def tune_malloc() -> str:
-    """Make glibc keep freed memory in the heap: :func:`sim._malloc.keep_freed_memory` (what the CLI does at
+    """Make glibc keep freed memory in the heap: :func:`sim.base.malloc.keep_freed_memory` (what the CLI does at
     start-up); returns its one-line note."""
-    from sim._malloc import keep_freed_memory
+    from sim.base.malloc import keep_freed_memory
 
     return keep_freed_memory()
 

@@ -1,8 +1,8 @@
 """Wall seconds per simulated iteration at P = 64 ... 65536: fast engine vs message-level engine (vs SimGrid).
 
-For each collective and P, one timing-only iteration (``sim.timing.simulate_timing``, zero compute, so the
+For each collective and P, one timing-only iteration (``sim.engine.timing.simulate_timing``, zero compute, so the
 simulated time is the communication alone) is run in a fresh subprocess, once on the fast engine
-(:mod:`sim.fastsim`) and, where it finishes within ``--message-budget`` seconds (estimated from the previous
+(:mod:`sim.engine.fastsim`) and, where it finishes within ``--message-budget`` seconds (estimated from the previous
 P with the growth of the message count), on the message-level SimPy engine. Per case: wall seconds, the
 simulated seconds of both engines and their relative difference, the speed-up, the peak resident memory of
 the subprocess (MB, ``ru_maxrss``; a bare interpreter with numpy and the project imported is about 90 MB)
@@ -58,9 +58,9 @@ def one_case(name: str, P: int, engine: str) -> dict:
     import time
 
     from sim.algorithms import AlgorithmSpec
-    from sim.network import get_preset
-    from sim.timing import simulate_timing
-    from sim.topology import get_cluster_preset
+    from sim.machine.network import get_preset
+    from sim.engine.timing import simulate_timing
+    from sim.machine.topology import get_cluster_preset
 
     alg, coll, net_name, _ = CASES[name]
     net = get_preset(net_name) if net_name == "1GbE" else get_cluster_preset(net_name, P)

@@ -1,6 +1,6 @@
 """Seconds per iteration of DDP communication hooks on 2 gloo ranks over loopback (issue #14's table).
 
-Per model, one :func:`sim.torch_backend.launch_local` group of 2 processes (one thread each, as launch_local
+Per model, one :func:`sim.distributed.backend.launch_local` group of 2 processes (one thread each, as launch_local
 sets it) builds one ``torch.nn.parallel.DistributedDataParallel`` per configuration (fresh seeded model,
 DDP's default buckets: 25 MiB, 1 MiB first; SGD with momentum 0.9, cross-entropy) and runs their steps
 interleaved -- step s of every configuration, then step s + 1 -- so that all of them see the same
@@ -17,7 +17,7 @@ rank. Configurations:
   reached the two ranks in different orders here (gloo aborted with "Received data size doesn't match
   expected size", or the ranks hung) in every try with DDP's default buckets; --powersgd-default-buckets
   tries them anyway (the issue saw it crash in 10 of 16 launches);
-- ``topk-<density>`` / ``gtopk-<density>``: this project's hook (:func:`sim.ddp_hooks.register_sparse_hook`,
+- ``topk-<density>`` / ``gtopk-<density>``: this project's hook (:func:`sim.distributed.ddp_hooks.register_sparse_hook`,
   its defaults: asynchronous allgather, per-parameter selection) at densities 0.01 and 0.001;
   ``gtopk-0.01-model``: the same with whole-model selection after the last bucket.
 
@@ -35,7 +35,7 @@ backward CPU time (issue #14's "hook's own time under 5 % of backward"), and the
 average before and after each model (other processes share the cores: compare only numbers measured in the
 same run). Nothing here asserts on time.
 
-Beside the measurement: what the iteration timeline (:func:`sim.timeline.simulate_timeline`) predicts on
+Beside the measurement: what the iteration timeline (:func:`sim.engine.timeline.simulate_timeline`) predicts on
 1 GbE (preset ``1GbE``) for P = 2 with the per-layer compute measured here (:func:`sim.workloads.measure_torch`,
 one process): dense DDP buckets (allreduce; fp16 as 2-byte values in the same buckets), and the sparse hooks
 as what they send (an allgather of the selections per DDP bucket, ``sparse="bucket"``, or one after backward
@@ -143,7 +143,7 @@ def batches(model: str, rank: int, batch: int, image: int, steps: int):
     if model == "resnet18":
         x, y = torch.randn(batch, 3, image, image, generator=g), torch.randint(0, 10, (batch,), generator=g)
         return [(x, y)] * steps
-    from sim.data import load_dataset
+    from sim.workloads.data import load_dataset
 
     ds = load_dataset("digits")
     X, y = torch.as_tensor(ds.X, dtype=torch.float32), torch.as_tensor(ds.y)
@@ -168,7 +168,7 @@ def _setup(model_name: str, config: str, one_bucket: bool):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sim.ddp_hooks import register_sparse_hook
+    from sim.distributed.ddp_hooks import register_sparse_hook
 
     model = build(model_name)
     size_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2 ** 20
@@ -238,8 +238,8 @@ def predict_1gbe(model_name: str, batch: int, image: int, configs: list[str]) ->
     import torch
 
     from sim.algorithms import AlgorithmSpec
-    from sim.network import get_preset
-    from sim.timeline import TimelinePolicy, simulate_timeline
+    from sim.machine.network import get_preset
+    from sim.engine.timeline import TimelinePolicy, simulate_timeline
     from sim.workloads import measure_torch
 
     torch.set_num_threads(1)
@@ -283,7 +283,7 @@ def predict_1gbe(model_name: str, batch: int, image: int, configs: list[str]) ->
 def _measure(m: str, configs: list, args: tuple, one: bool, kw: dict, log) -> dict:
     """config -> (per-rank results or None, error text): one launch for all ``configs``; if it fails, one
     launch per config."""
-    from sim.torch_backend import WorkerFailure, launch_local
+    from sim.distributed.backend import WorkerFailure, launch_local
 
     try:
         res = launch_local(2, bench_job, (m, configs, *args, one), **kw)

@@ -1,13 +1,13 @@
-"""Reality check of the iteration timeline (sim/timeline.py) against torch DistributedDataParallel itself.
+"""Reality check of the iteration timeline (sim/engine/timeline.py) against torch DistributedDataParallel itself.
 
 For each P in --P (default 2 and 4 local processes, gloo over loopback), each model and each DDP
 ``bucket_cap_mb`` in --caps, this runs real ``torch.nn.parallel.DistributedDataParallel`` training steps
 (SGD with momentum, cross-entropy), dense (DDP's own bucketed gloo allreduce, no hook) and with the
-project's sparse hook (:func:`sim.ddp_hooks.sparse_hook`, gTop-k, density 0.01), and compares the measured
-iteration time with what :func:`sim.timeline.simulate_timeline` predicts from measured compute and the
+project's sparse hook (:func:`sim.distributed.ddp_hooks.sparse_hook`, gTop-k, density 0.01), and compares the measured
+iteration time with what :func:`sim.engine.timeline.simulate_timeline` predicts from measured compute and the
 calibrated network. Nothing here asserts on time.
 
-Models (float32, one thread per rank, ``torch.set_num_threads(1)`` as :func:`sim.torch_backend.launch_local`
+Models (float32, one thread per rank, ``torch.set_num_threads(1)`` as :func:`sim.distributed.backend.launch_local`
 sets it):
 
 - ``mlp``: 64-1024-1024-1024-10 ReLU MLP on scikit-learn's digits (8x8 images as 64 features), batch 64 per
@@ -17,7 +17,7 @@ sets it):
 - ``resnet20``: ResNet-20 for CIFAR-10 (:func:`sim.workloads.torch_defs.resnet20_cifar`, 0.27 M parameters)
   on random 3x32x32 inputs, batch 32 per rank.
 
-Per (P, model) one :func:`sim.torch_backend.launch_local` group runs every (cap, algorithm) case in turn,
+Per (P, model) one :func:`sim.distributed.backend.launch_local` group runs every (cap, algorithm) case in turn,
 each on a fresh seeded model and a fresh DDP (``forward_sync_buffers=False``: no buffer broadcast before each
 forward, which the timeline does not have; ``gradient_as_bucket_view`` left at its default False): --warmup
 steps (DDP rebuilds its buckets after the first), then --iters *plain* steps and --profile-iters *profiled*
@@ -35,7 +35,7 @@ compute on every rank under the same contention (all P ranks training, gloo thre
   i.e. when the call's backward starts; a call's backward lasts until the next such event, the last one
   until the last parameter gradient is accumulated (``register_post_accumulate_grad_hook``); "(loss)"
   backward runs from ``loss.backward()`` to the first event. The wall time of the sparse hook (measured
-  by a thin wrapper around :func:`sim.ddp_hooks.sparse_hook`) is subtracted: it is communication work the
+  by a thin wrapper around :func:`sim.distributed.ddp_hooks.sparse_hook`) is subtracted: it is communication work the
   timeline models itself;
 - update: ``optimizer.step`` (s), given to the timeline as ``update_coeff_s = step / d``;
 - the sparse hook's local work (its wall time minus the time the hook's own accounting puts in messages,
@@ -57,7 +57,7 @@ the prediction is ``simulate_timeline`` on a star network calibrated by :func:`e
   bytes took on the same P gloo processes (:func:`experiments.calibrate.fit_ring_allreduce`);
 - gTop-k hook -> ``TimelinePolicy(sparse="bucket", bucket_cap_mb=cap, blocking=True)`` on the network of
   pattern "exchange" (2 processes, run once): the hook's messages go through the project's Python
-  point-to-point transport (:class:`sim.torch_backend.TorchTransport`), which that pattern times. The hook
+  point-to-point transport (:class:`sim.distributed.backend.TorchTransport`), which that pattern times. The hook
   runs its selection and collective synchronously inside DDP's autograd hook, so it stalls backward:
   hence ``blocking=True``; the overlapped prediction, ``blocking=False``, is in the CSV too.
 
@@ -166,11 +166,11 @@ def build_model(name: str, seed: int = 0):
 
 def make_batches(name: str, P: int, rank: int, batch: int, steps: int, seed: int = 0) -> list:
     """``steps`` (x, y) float32 / int64 batches of this rank: digits mini-batches of its iid shard
-    (:func:`sim.data.minibatch`, keyed by (seed, rank, step)) or seeded random 3x32x32 images and labels."""
+    (:func:`sim.workloads.data.minibatch`, keyed by (seed, rank, step)) or seeded random 3x32x32 images and labels."""
     import torch
 
     if name in ("mlp", "cnn"):
-        from sim.data import load_dataset, minibatch, shard_indices
+        from sim.workloads.data import load_dataset, minibatch, shard_indices
 
         ds = load_dataset("digits")
         X = torch.as_tensor(ds.X, dtype=torch.float32)
@@ -198,8 +198,8 @@ class _HookTimer:
 
 
 def timed_sparse_hook(ht: _HookTimer, bucket):
-    """:func:`sim.ddp_hooks.sparse_hook`, with its wall time and comm seconds recorded in ``ht.calls``."""
-    from sim.ddp_hooks import sparse_hook
+    """:func:`sim.distributed.ddp_hooks.sparse_hook`, with its wall time and comm seconds recorded in ``ht.calls``."""
+    from sim.distributed.ddp_hooks import sparse_hook
 
     c0 = float(ht.state.busy[2])
     t0 = time.perf_counter()
@@ -317,7 +317,7 @@ def case_job(ctx, model_name: str, cases: list, batch: int, warmup: int, iters: 
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sim.ddp_hooks import SparseHookState
+    from sim.distributed.ddp_hooks import SparseHookState
     from sim.workloads.ready import observe_ready_order
 
     steps = warmup + iters + profile_iters
@@ -430,14 +430,14 @@ def workload_of(model_name: str, per_rank: list[dict], batch: int):
 
 def predict_case(model_name: str, P: int, per_rank: list[dict], batch: int, density: float, net_ab: tuple,
                  other_ab: tuple | None = None) -> dict:
-    """Predict one case with :func:`sim.timeline.simulate_timeline` (see the module docstring); returns the
+    """Predict one case with :func:`sim.engine.timeline.simulate_timeline` (see the module docstring); returns the
     CSV fields (ms) for it. net_ab: (alpha s, beta s/byte) of the star network of the case's calibration
     (:data:`CALIBRATION`); other_ab: that of the other calibration, or None: the case is predicted on it
     too (``predicted_other_calibration_ms``, a diagnostic)."""
     from sim.algorithms import AlgorithmSpec
-    from sim.compute import ComputeModel
-    from sim.network import NetworkSpec
-    from sim.timeline import TimelinePolicy, ddp_buckets, simulate_timeline
+    from sim.machine.compute import ComputeModel
+    from sim.machine.network import NetworkSpec
+    from sim.engine.timeline import TimelinePolicy, ddp_buckets, simulate_timeline
 
     r0 = per_rank[0]
     cap, algo = r0["cap"], r0["algorithm"]
@@ -505,7 +505,7 @@ def run(models=MODELS, Ps=(2, 4), caps=(1.0, 5.0, 25.0), algorithms=ALGORITHMS, 
     ``networks`` is given); writes the CSV when ``csv_path`` is given. Raises WorkerFailure if a rank fails.
     """
 
-    from sim.torch_backend import launch_local
+    from sim.distributed.backend import launch_local
 
     load0 = os.getloadavg()[0]  # before anything of this run: the other work on the machine
     nets: dict = {}  # (pattern, P) -> ((alpha s, beta s/byte), nproc of the calibration or "")
@@ -558,7 +558,7 @@ def report(rows: list[dict], calibrations: list[dict]) -> str:
     """The Markdown table of the cases, the median |relative error| (overall, per algorithm, P and model), the
     diagnostic on the other calibration, and the allreduce calibrations' gloo times against the ring
     allreduce of both networks."""
-    from sim.costs import ring_allreduce_time
+    from sim.comm.costs import ring_allreduce_time
 
     table = [[r["model"], str(r["P"]), f"{r['bucket_cap_mb']:g}", r["algorithm"], r["calibration"],
               str(r["buckets"]), f"{r['measured_ms']:.2f}", f"{r['predicted_ms']:.2f}",

@@ -66,10 +66,10 @@ from _common import (closed_form_messages, environment_line, fmt, markdown_table
                      tune_malloc, write_csv)
 
 from sim.algorithms import AlgorithmSpec  # noqa: E402
-from sim.data import shard_indices  # noqa: E402
-from sim.network import PRESETS  # noqa: E402
-from sim.objectives import make_objective  # noqa: E402
-from sim.runner import Workers, run_algorithm  # noqa: E402
+from sim.workloads.data import shard_indices  # noqa: E402
+from sim.machine.network import PRESETS  # noqa: E402
+from sim.workloads.objectives import make_objective  # noqa: E402
+from sim.engine.runner import Workers, run_algorithm  # noqa: E402
 
 NUMERIC_COLUMNS = ("loss", "grad_norm_sq", "stoch_grad_norm_sq", "residual_norm_sq", "delta", "bytes_sent",
                    "applied_fraction", "mass_error", "aux_gap")

@@ -1,9 +1,9 @@
 """Fidelity of the simulator against the real torch backend (gloo on loopback): communication time per iteration.
 
 For each algorithm and P in --P, runs --iters iterations on P local processes with
-:mod:`sim.torch_backend`, recording each rank's measured local timeline (``record_trace``: gradient,
+:mod:`sim.distributed.backend`, recording each rank's measured local timeline (``record_trace``: gradient,
 selection, merges, reductions, update, and when each step started). The simulator then replays exactly
-that local time (:func:`sim.replay.replay`) with the calibrated alpha-beta network (``sparsim
+that local time (:func:`sim.engine.replay.replay`) with the calibrated alpha-beta network (``sparsim
 calibrate``, exchange pattern by default; star topology), so a rank that waits for a slower peer waits
 in the prediction too, and the prediction error is the network model's alone. Compared: the
 communication seconds per iteration (time blocked in messages, codec and dense reductions included),
@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table, write_csv  # noqa: E402
 
 from sim.algorithms import AlgorithmSpec  # noqa: E402
-from sim.data import shard_indices  # noqa: E402
-from sim.network import NetworkSpec  # noqa: E402
-from sim.objectives import make_objective  # noqa: E402
-from sim.runner import Workers  # noqa: E402
+from sim.workloads.data import shard_indices  # noqa: E402
+from sim.machine.network import NetworkSpec  # noqa: E402
+from sim.workloads.objectives import make_objective  # noqa: E402
+from sim.engine.runner import Workers  # noqa: E402
 
 ALGOS = {
     "dense_ring": lambda k: AlgorithmSpec("dense", collective="ring", value_bytes=8),
@@ -56,7 +56,7 @@ def _setup(P, d, seed=0):
 
 def bench_job(ctx, names, d, k, iters):
     """Per-rank body: run each algorithm with its trace recorded; returns {name: [StepTrace per iteration]}."""
-    from sim.torch_backend import run_worker
+    from sim.distributed.backend import run_worker
 
     w, x0 = _setup(ctx.P, d)
     return {name: run_worker(ctx.rank, ctx.P, ALGOS[name](k), w, T=iters, lr=lr_const, x0=x0, transport=ctx.transport,
@@ -79,8 +79,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so launch_local's cleanup kills the ranks
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    from sim.replay import replay
-    from sim.torch_backend import launch_local
+    from sim.engine.replay import replay
+    from sim.distributed.backend import launch_local
 
     if a.iters < 2:
         ap.error(f"--iters {a.iters}: valid >= 2 (iteration 1 is dropped as warm-up)")

@@ -15,7 +15,7 @@ T = --skip + --iterations iterations (default 2 + 4) with the full objective eva
   compile its kernels (otherwise the first timed iteration pays seconds of compilation);
 - memory: the process's peak resident set size (``ru_maxrss``, set-up included) and, in a second run of
   2 iterations under ``tracemalloc``, the peak of the traced allocations (numpy reports its buffers to
-  tracemalloc) during ``run_algorithm`` alone, also as vectors of d per worker (``sim.runner.ARRAYS_PER_RANK``
+  tracemalloc) during ``run_algorithm`` alone, also as vectors of d per worker (``sim.engine.runner.ARRAYS_PER_RANK``
   is the estimate the resource check uses);
 - with --profile, a cProfile of one more 2-iteration run: self time by module and the top functions.
 
@@ -84,9 +84,9 @@ def parse_args(argv=None):
 
 def _setup(args):
     from sim.algorithms import AlgorithmSpec
-    from sim.data import shard_indices
-    from sim.objectives import make_objective
-    from sim.runner import Workers
+    from sim.workloads.data import shard_indices
+    from sim.workloads.objectives import make_objective
+    from sim.engine.runner import Workers
 
     d = int(args.d)
     obj = make_objective(args.objective, d=d, n=args.n, seed=0).astype(args.dtype)
@@ -99,8 +99,8 @@ def _setup(args):
 
 def _run(args, workers, x0, spec, T):
     """One run_algorithm call of T iterations; returns the (wall s, cpu s) clocks at each row and the rows."""
-    from sim.network import PRESETS
-    from sim.runner import run_algorithm
+    from sim.machine.network import PRESETS
+    from sim.engine.runner import run_algorithm
 
     marks = []
 

@@ -15,7 +15,7 @@ For P in --P (default 64, 256, 1024) and topk (Bruck allgather), gtopk (tree) an
 - bytes on the wire per iteration (all ranks).
 
 The SimCluster that run_algorithm builds is not returned, so this script replaces
-sim.runner.SimCluster, in its own process only, by a subclass that remembers the last instance (no
+sim.engine.runner.SimCluster, in its own process only, by a subclass that remembers the last instance (no
 behaviour change). Configurations whose wall time per iteration exceeds --slow-threshold (default
 60 s) are re-run under cProfile with T = 1 and the top 15 functions are printed (--profile all
 profiles every configuration).
@@ -45,13 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (closed_form_messages, environment_line, markdown_table, median, profile_by_module,  # noqa: E402
                      tune_malloc, write_csv)
 
-import sim.runner as runner_mod  # noqa: E402
+import sim.engine.runner as runner_mod  # noqa: E402
 from sim.algorithms import AlgorithmSpec  # noqa: E402
-from sim.cluster import SimCluster  # noqa: E402
-from sim.data import shard_indices  # noqa: E402
-from sim.network import PRESETS  # noqa: E402
-from sim.objectives import make_objective  # noqa: E402
-from sim.runner import Workers, run_algorithm  # noqa: E402
+from sim.engine.cluster import SimCluster  # noqa: E402
+from sim.workloads.data import shard_indices  # noqa: E402
+from sim.machine.network import PRESETS  # noqa: E402
+from sim.workloads.objectives import make_objective  # noqa: E402
+from sim.engine.runner import Workers, run_algorithm  # noqa: E402
 
 
 class _RecordingCluster(SimCluster):

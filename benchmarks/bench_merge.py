@@ -4,14 +4,14 @@ one simulated gTop-k iteration, before and after the fast versions.
 ``before`` is the code as it was, kept below verbatim (and in tests/test_merge_fast.py as the tests'
 reference): the merge as np.union1d of the supports, accumulation into a zero vector and np.partition over the
 union; the survival tracker's np.isin; the allgather's ``for b in blocks: g[b.idx] += b.val``. ``after`` is
-what the simulator runs now (sim.compression.merge, sim.collectives._Tracker.survive, sim.collectives.sparse_sum
+what the simulator runs now (sim.comm.compression.merge, sim.comm.collectives._Tracker.survive, sim.comm.collectives.sparse_sum
 with numba when installed; ``after_numpy`` the same sum without numba, what a machine without numba gets).
 Each fast result is checked against the old one bit for bit before it is timed.
 
 Cases (defaults; all seeded):
 
 - ``merge``: merge(a, b, k) of two k-entry selections of d = 25,000,000 coordinates, k = 25,000 and 250,000,
-  a and b from :func:`sim.timing.random_selection` (what the timing-only mode merges: random supports,
+  a and b from :func:`sim.comm.payloads.random_selection` (what the timing-only mode merges: random supports,
   positive values), float64, and float32 with signed values; plus ``merge+survive``: the merge and the
   survival lookup of a k-entry selection in its result, what each gTop-k round costs a rank.
 - ``allgather_sum``: the dense sum of P selections of k = 25,000 entries (random supports, signed values) at
@@ -55,11 +55,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment_line, markdown_table, tune_malloc, write_csv  # noqa: E402
 
-import sim.collectives as C  # noqa: E402
+import sim.comm.collectives as C  # noqa: E402
 from sim.algorithms import AlgorithmSpec  # noqa: E402
-from sim.compression import Sparse, merge  # noqa: E402
-from sim.network import get_preset  # noqa: E402
-from sim.timing import random_selection, simulate_timing  # noqa: E402
+from sim.comm.compression import Sparse, merge  # noqa: E402
+from sim.machine.network import get_preset  # noqa: E402
+from sim.comm.payloads import random_selection, simulate_timing  # noqa: E402
 
 HEADER = ["case", "k", "P", "d", "dtype", "path", "before_ms", "after_ms", "speedup", "before_median_ms",
           "after_median_ms", "repeats"]
@@ -68,9 +68,9 @@ HEADER = ["case", "k", "P", "d", "dtype", "path", "before_ms", "after_ms", "spee
 # ---------------------------------------------------------------- the code as it was (issue 12's "before")
 
 
-from sim.reference import ref_merge as old_merge  # noqa: E402  (the code as it was)
-from sim.reference import ref_sum as old_sum  # noqa: E402
-from sim.reference import ref_survive as old_survive  # noqa: E402
+from sim.comm.reference import ref_merge as old_merge  # noqa: E402  (the code as it was)
+from sim.comm.reference import ref_sum as old_sum  # noqa: E402
+from sim.comm.reference import ref_survive as old_survive  # noqa: E402
 
 
 # ---------------------------------------------------------------- timing
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iteration-repeats", type=int, default=2, help="runs of the simulated iteration")
     ap.add_argument("--skip", default="", help="comma-separated cases to skip: merge, allgather_sum, gtopk_rd_iteration")
     ap.add_argument("--malloc", choices=["keep", "glibc"], default="keep",
-                    help="keep: freed memory stays in the heap, as the CLI sets it (sim/_malloc.py); glibc: glibc's "
+                    help="keep: freed memory stays in the heap, as the CLI sets it (sim/base/malloc.py); glibc: glibc's "
                          "defaults, as the code before #12 ran (large arrays mmap'd, zeroed by the kernel)")
     ap.add_argument("--out", default="benchmarks/results/merge.csv")
     args = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Cost of simulating S-SGD on a torch network (sim.nets): seconds per simulated iteration against one plain
+"""Cost of simulating S-SGD on a torch network (sim.workloads.nets): seconds per simulated iteration against one plain
 forward + backward of the global batch, one Fashion-MNIST epoch, and the run's memory against its estimate.
 
 (a) Per iteration. For each network (--nets, default mlp-1024, lenet5, resnet20) and P (--P, default 4, 16, 64)
@@ -12,7 +12,7 @@ layer-wise timeline clock), and times, interleaved in each of --repeats rounds (
   iteration 1, already normalised) in this process -- what one real worker with P x b images would compute;
 - grads: ``NetObjective.batch_grads`` of the P workers at x_0, per gradient mode (--modes, default vmap, loop);
 - step: a full simulated S-SGD iteration, per mode and algorithm (--algorithms, default dense, gtopk; density
-  --density, default 0.001): ``sim.runner.run_algorithm`` on the lock-step driver with the scenario's timeline
+  --density, default 0.001): ``sim.engine.runner.run_algorithm`` on the lock-step driver with the scenario's timeline
   clock for 1 + --iterations iterations (default 1 + 1), evaluated only at the first and last (eval_every = T),
   timed from the metrics row of iteration 0 to that of iteration T - 1 (on_row), so it holds the P gradients, the
   P workers' programs (selection, collective, error feedback, momentum) and the metrics row, and no evaluation.
@@ -20,7 +20,7 @@ layer-wise timeline clock), and times, interleaved in each of --repeats rounds (
 Reported: wall and process-CPU seconds, and step / floor and grads / floor ratios (the goal: step <= 1.25 x floor at
 P = 16). The machine this project is measured on has 2 cores shared with other work, so wall time is noisy;
 the CPU ratios are the steadier ones. torch runs at one intra-op thread (--threads; NetObjective always computes
-at one, sim/nets.py) and BLAS at one thread (as ``sparsim run``); glibc malloc keeps freed memory (_common).
+at one, sim/workloads/nets.py) and BLAS at one thread (as ``sparsim run``); glibc malloc keeps freed memory (_common).
 
 (b) One epoch: 60000 / (P x b) iterations at P = --epoch-P (default 16), extrapolated from (a)'s median seconds
 per step of each network and algorithm in the mode ``model.gradients = "auto"`` picks (said so in the table), or,
@@ -135,7 +135,7 @@ class Config:
         import numpy as np
         import torch
 
-        from sim.nets import build_net
+        from sim.workloads.nets import build_net
 
         self.args, self.net, self.P = args, net, P
         self.built, self.specs = _build(args, net, P)
@@ -170,7 +170,7 @@ class Config:
     def run(self, mode, algo, T):
         """run_algorithm of T iterations; per-iteration (wall, cpu) from row 0's emission to row T-1's (or T's
         when T = 1: then the final evaluation is included)."""
-        from sim.runner import run_algorithm
+        from sim.engine.runner import run_algorithm
 
         self.obj.gradients = mode
         marks = []
@@ -308,8 +308,8 @@ def memory(args) -> list[dict]:
     from experiments.resources import available_memory_bytes, estimate_memory
     from experiments.run_net import net_data_bytes
     from experiments.scenario import load_scenario
-    from sim.idx import load_image_dataset
-    from sim.nets import NET_PARAMS
+    from sim.workloads.idx import load_image_dataset
+    from sim.workloads.nets import NET_PARAMS
 
     out = []
     for item in _csv(args.memory):

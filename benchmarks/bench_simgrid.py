@@ -1,4 +1,4 @@
-"""Cross-check of the closed forms in :mod:`sim.costs` against SimGrid, an established simulator.
+"""Cross-check of the closed forms in :mod:`sim.comm.costs` against SimGrid, an established simulator.
 
 For each collective in --collectives and each P in --P, run the collective in SimGrid on a star
 platform of P hosts and compare SimGrid's simulated time with our closed form:
@@ -183,10 +183,10 @@ def run_case(collective: str, P: int, d: int, k: int, alpha: float, beta: float,
 
 def closed_form(collective: str, P: int, d: int, k: int, alpha: float, beta: float) -> float:
     try:
-        import sim.costs  # noqa: F401, PLC0415
+        import sim.comm.costs  # noqa: F401, PLC0415
     except ImportError:  # not installed in this interpreter: use the checkout this script lives in
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from sim.costs import bruck_allgather_time, gtopk_tree_time, ring_allreduce_time  # noqa: PLC0415
+    from sim.comm.costs import bruck_allgather_time, gtopk_tree_time, ring_allreduce_time  # noqa: PLC0415
 
     if collective == "ring":
         return ring_allreduce_time(P, d, alpha, beta)

@@ -1,15 +1,15 @@
-"""Top-k selection speed (issue 12, item 1): ns per element of sim.compression.topk against the alternatives.
+"""Top-k selection speed (issue 12, item 1): ns per element of sim.comm.compression.topk against the alternatives.
 
 For each d in --d (default 1e6, 1e7, 1e8), each density k/d in --densities (default 1e-4, 1e-3, 1e-2) and
 each dtype in --dtypes (float32, float64), on x ~ N(0, 1) (seeded; --dist cauchy for a heavy tail), it times
 in one process, one thread (threadpoolctl and torch.set_num_threads(1)):
 
-- ``new``: :func:`sim.compression.topk` (sampled threshold, one filtering pass, exact selection among the
+- ``new``: :func:`sim.comm.compression.topk` (sampled threshold, one filtering pass, exact selection among the
   candidates; numba kernel when numba is installed, else the numpy path, named in the output);
 - ``numpy_path``: the same algorithm without numba (``_topk_fast(..., use_numba=False)``), what a machine
   without numba gets;
 - ``old``: the implementation before the threshold filter (np.partition over |x|, then the tie rule), kept
-  as ``sim.compression._topk_partition``;
+  as ``sim.comm.compression._topk_partition``;
 - ``argpartition``: ``np.argpartition(np.abs(x), d - k)`` (no tie rule, no sorted output, zeros not excluded);
 - ``torch_topk``: ``torch.topk(torch.abs(t), k, sorted=False)`` on the CPU, t sharing x's memory (if torch
   is importable; same caveats);
@@ -49,7 +49,7 @@ from threadpoolctl import threadpool_limits
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment_line, markdown_table, tune_malloc, write_csv  # noqa: E402
 
-import sim.compression as C  # noqa: E402
+import sim.comm.compression as C  # noqa: E402
 
 try:
     import torch

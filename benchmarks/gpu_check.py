@@ -9,14 +9,14 @@ Measures, and writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (a Markdown
 
 1. Top-k selection time at each d: ``torch.topk(|x|, k)`` on the device (float32, k = density * d;
    median of --repeats after a warm-up, CUDA-synchronised), next to the simulator's numpy selection
-   (:func:`sim.compression.topk`, float64, on the CPU). Each is also given as the coefficient
+   (:func:`sim.comm.compression.topk`, float64, on the CPU). Each is also given as the coefficient
    ``c = t / (d log2 d)`` of the compute model's selection cost (``ComputeModel.select_coeff_s``; the
    default 2.19e-10 s is the gTop-k authors' P102-100 fit). Also the exact selection the torch backend's
-   ranks make with ``torch.select_device: auto`` (``sim.compression.selection_device``: a float32 host vector
+   ranks make with ``torch.select_device: auto`` (``sim.comm.compression.selection_device``: a float32 host vector
    copied to the device, the tie rule applied there, int64 indices back), next to the same vector on the CPU
    (``cpu``), after checking both return the same indices.
 2. Per-iteration time of dense (the shared ring definition and the backend's ``all_reduce`` fast path),
-   Top-k and gTop-k (tree) through :mod:`sim.torch_backend` with NCCL on P = number of visible GPUs
+   Top-k and gTop-k (tree) through :mod:`sim.distributed.backend` with NCCL on P = number of visible GPUs
    (``--P`` to lower it): the numerics are the simulator's numpy code on the CPU, the bytes go through
    NCCL from device buffers, and the Top-k selections are made on the rank's GPU (``torch.select_device``'s
    default, ``auto``). NCCL refuses two ranks on one GPU, so with one GPU P = 1 and only the
@@ -46,10 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments.outdir import atomic_write_text  # noqa: E402
 from sim.algorithms import AlgorithmSpec  # noqa: E402
-from sim.compression import topk as np_topk  # noqa: E402
-from sim.data import shard_indices  # noqa: E402
-from sim.objectives import make_objective  # noqa: E402
-from sim.runner import Workers  # noqa: E402
+from sim.comm.compression import topk as np_topk  # noqa: E402
+from sim.workloads.data import shard_indices  # noqa: E402
+from sim.workloads.objectives import make_objective  # noqa: E402
+from sim.engine.runner import Workers  # noqa: E402
 
 DEFAULT_SELECT_COEFF_S = 2.19e-10
 
@@ -99,7 +99,7 @@ def select_times(device: str, d: int, k: int, repeats: int) -> dict:
         np_topk(xn, k)
         tn.append(time.perf_counter() - t0)
     # the exact selection of the torch backend's ranks: host float32 vector, on the device (auto) and here (cpu)
-    from sim.compression import selection_device
+    from sim.comm.compression import selection_device
 
     x32 = xn.astype(np.float32)
     with selection_device(device):
@@ -126,7 +126,7 @@ def select_times(device: str, d: int, k: int, repeats: int) -> dict:
 
 def iteration_job(ctx, d, k, iters, names):
     """Per-rank body: each algorithm for ``iters`` iterations; rank 0 returns {name: mean times}."""
-    from sim.torch_backend import resolve_select_device, run_worker
+    from sim.distributed.backend import resolve_select_device, run_worker
 
     w, x0 = _setup(ctx.P, d)
     out = {}
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwind: ranks are killed
     import torch
 
-    from sim.torch_backend import launch_local
+    from sim.distributed.backend import launch_local
 
     try:
         ds = [int(float(x)) for x in a.d.split(",") if x.strip()]

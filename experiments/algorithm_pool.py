@@ -2,7 +2,7 @@
 
 A scenario's algorithms (the default one: dense, Top-k and gTop-k on the same workers) are independent
 simulations: each starts from the same x0, draws the same mini-batches (they depend only on the seed, the rank
-and the iteration: :func:`sim.data.minibatch`) and shares nothing with the others. So they can run in separate
+and the iteration: :func:`sim.workloads.data.minibatch`) and shares nothing with the others. So they can run in separate
 processes on separate cores and give the rows the serial run gives, bit for bit; the rows are put back in the
 scenario's algorithm order. The processes are forked from the built run (objective, data, workers), so nothing
 is imported or loaded again and the data pages are shared copy-on-write.
@@ -25,8 +25,8 @@ import pickle
 import signal
 import time
 
-from sim.errors import ConfigError, ResourceError, SparsimError
-from sim.runner import run_algorithm
+from sim.base.errors import ConfigError, ResourceError, SparsimError
+from sim.engine.runner import run_algorithm
 
 log = logging.getLogger("sparsim.run")
 
@@ -81,7 +81,7 @@ def algorithm_jobs(jobs: int | None, n_algorithms: int, estimate: dict | None = 
 def run_algorithms(specs, built, *, T: int, eval_every: int, jobs: int = 1, bar_for=None) -> list[list[dict]]:
     """Simulate every AlgorithmSpec of ``specs`` on ``built`` (an :class:`experiments.run.Built`); return their rows.
 
-    Returns one list of metric rows (dicts, :data:`sim.runner.METRIC_COLUMNS`) per spec, in the order of
+    Returns one list of metric rows (dicts, :data:`sim.engine.runner.METRIC_COLUMNS`) per spec, in the order of
     ``specs``, the same whatever ``jobs``. jobs: how many run at once (:func:`algorithm_jobs`); 1 runs them here,
     one after another. bar_for: ``bar_for(spec) -> bar`` with ``on_row(row)``, ``close()`` and ``shown`` (a
     progress bar; when it is shown, the processes send it each row's iteration as they go), or None. Raises what the algorithm raises

@@ -28,7 +28,7 @@ import numpy as np
 
 from .outdir import check_out, partial_dir, publish, save_figure, write_csv
 from .sweep import map_jobs, resolve_jobs
-from sim.errors import ConfigError
+from sim.base.errors import ConfigError
 
 __all__ = ["SweepPlan", "RESULT_COLUMNS", "plan", "run_sweep", "confidence_interval", "markdown_table"]
 

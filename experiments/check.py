@@ -26,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sim.errors import ConfigError, SparsimError
+from sim.base.errors import ConfigError, SparsimError
 from theory.bounds import BOUNDS, condition18_D, optimal_eta, theorem1_on_schedule
 
 from .outdir import atomic_write_text, verify_record

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from sim.errors import SparsimError
+from sim.base.errors import SparsimError
 
 __all__ = ["main"]
 
@@ -103,8 +103,8 @@ def main(verbose, log_level):
     limiter = threadpool_limits(1, user_api="blas")
     click.get_current_context().call_on_close(limiter.restore_original_limits)
     # freed vectors stay in the heap, so a step's fresh arrays reuse warm pages instead of page-faulting new ones
-    # (a third of a d = 10^7 run was system time); process-wide, not restored (sim/_malloc.py)
-    from sim._malloc import keep_freed_memory
+    # (a third of a d = 10^7 run was system time); process-wide, not restored (sim/base/malloc.py)
+    from sim.base.malloc import keep_freed_memory
 
     keep_freed_memory()
     import matplotlib
@@ -325,7 +325,7 @@ def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, pattern, bus
     """
     from pathlib import Path
 
-    from sim.errors import check_range
+    from sim.base.errors import check_range
 
     from .calibrate import calibrate as run_calibration
     from .run import _check_torch
@@ -409,10 +409,10 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
     import time
 
     from sim.algorithms import REGISTRY, AlgorithmSpec, predict_columns, predict_default_columns
-    from sim.errors import check_range
-    from sim.network import PRESETS, NetworkSpec, get_preset
-    from sim.timing import closed_form_comm_s, resolve_engine, simulate_timing
-    from sim.topology import CLUSTER_PRESETS, get_cluster_preset
+    from sim.base.errors import check_range
+    from sim.machine.network import PRESETS, NetworkSpec, get_preset
+    from sim.engine.timing import closed_form_comm_s, resolve_engine, simulate_timing
+    from sim.machine.topology import CLUSTER_PRESETS, get_cluster_preset
 
     check_range("d", d, 1, 10**12)
     check_range("density", density, 0, 1, lo_open=True)
@@ -578,7 +578,7 @@ def workload_show(model, bucket_cap_mb, export, force):
     """MODEL (a zoo name or a layer-table file): its size and the buckets DDP would build (launch order)."""
     from pathlib import Path
 
-    from sim.timeline import TimelinePolicy, ddp_buckets
+    from sim.engine.timeline import TimelinePolicy, ddp_buckets
     from sim.workloads import dumps_layer_table
 
     from .outdir import atomic_write_text

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import SparsimError
+from sim.base.errors import SparsimError
 
 from .outdir import check_out, partial_dir, publish
 from .outdir import save_figure, write_csv
@@ -84,7 +84,7 @@ def plan(quick: bool = False) -> tuple[tuple[CompressionObjective, ...], int]:
 
 @functools.lru_cache(maxsize=4)
 def _objective(o: CompressionObjective):
-    from sim.objectives import make_objective
+    from sim.workloads.objectives import make_objective
 
     return make_objective(o.objective, **dict(o.params))
 
@@ -93,8 +93,8 @@ def _one_run(o: CompressionObjective, k: int | None, T: int, run_dir: str, algor
     """Run (or reuse) dense (k None) or the sparse ``algorithm`` (a registered name, default gTop-k as in the
     paper) with k on objective ``o``; return its metrics rows."""
     from sim.algorithms import AlgorithmSpec
-    from sim.data import shard_indices
-    from sim.runner import Workers, run_algorithm
+    from sim.workloads.data import shard_indices
+    from sim.engine.runner import Workers, run_algorithm
 
     def compute():
         obj = _objective(o)
@@ -199,7 +199,7 @@ def run_compression(out, *, quick: bool = False, force: bool = False, jobs: int 
     """
     from sim.algorithms import get
 
-    from sim.errors import ConfigError
+    from sim.base.errors import ConfigError
 
     algorithms = tuple(algorithms)
     if not algorithms:

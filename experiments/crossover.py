@@ -1,10 +1,10 @@
 """``sparsim experiment crossover``: where gTop-k's tree beats Ok-Topk's O(P)-latency sparse allreduce and where
 Ok-Topk wins, in (P, alpha, k), from the closed forms the registry gives (checked on the simulator).
 
-The two communication times per iteration are read from the registry (:func:`sim.timing.closed_form_comm_s` of
+The two communication times per iteration are read from the registry (:func:`sim.engine.timing.closed_form_comm_s` of
 ``AlgorithmSpec("gtopk", k)``, its default binomial-tree collective with the exact mask, and of
 ``AlgorithmSpec("oktopk", k)``, its steady-state iteration under the balanced-region timing assumption,
-:func:`sim.costs.oktopk_time`), both with 4-byte values and 4-byte indices:
+:func:`sim.comm.costs.oktopk_time`), both with 4-byte values and 4-byte indices:
 
 - gTop-k (Shi et al., ICDCS 2019): 2 ceil(lg P) alpha + ceil(lg P)(2 k s + ceil(k/8)) beta, s = 8 bytes;
 - Ok-Topk (Li and Hoefler, PPoPP 2022): (P - 1 + 2 ceil(lg P)) alpha + 2 (P-1) ceil(k/P) s beta + 4 (P-1) beta.
@@ -21,7 +21,7 @@ matters (both times scale with beta at fixed alpha / beta), so the figure fixes 
 Outputs (built in ``DIR.partial``, renamed when complete): ``crossover.csv`` (:data:`GRID_COLUMNS`: both times
 and the winner on a grid of P, k and alpha, with alpha*), ``boundary.csv`` (:data:`BOUNDARY_COLUMNS`: alpha*(P, k)
 and k*(P, alpha) per grid line), ``check.csv`` (:data:`CHECK_COLUMNS`: a few points simulated round by round on
-the fast engine, :func:`sim.timing.simulate_timing`, against the closed forms), ``crossover.png`` / ``.pdf`` and
+the fast engine, :func:`sim.engine.timing.simulate_timing`, against the closed forms), ``crossover.png`` / ``.pdf`` and
 ``report.md`` (also printed).
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.algorithms import AlgorithmSpec
-from sim.network import PRESETS, NetworkSpec
-from sim.timing import closed_form_comm_s, simulate_timing
+from sim.machine.network import PRESETS, NetworkSpec
+from sim.engine.timing import closed_form_comm_s, simulate_timing
 
 from .outdir import check_out, partial_dir, publish, save_figure, write_csv
 

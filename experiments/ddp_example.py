@@ -29,9 +29,9 @@ def train_job(ctx, iters: int, density: float, algorithm: str, lr: float, every:
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sim.data import load_dataset, minibatch, shard_indices
-    from sim.ddp_hooks import register_sparse_hook
-    from sim.torch_models import mlp
+    from sim.workloads.data import load_dataset, minibatch, shard_indices
+    from sim.distributed.ddp_hooks import register_sparse_hook
+    from sim.workloads.torch_models import mlp
 
     ds = load_dataset("digits")
     X, y = torch.as_tensor(ds.X), torch.as_tensor(ds.y)
@@ -59,7 +59,7 @@ def train_job(ctx, iters: int, density: float, algorithm: str, lr: float, every:
 def main(argv=None):
     """Command-line entry point (see the module docstring)."""
     from sim.algorithms import names
-    from sim.torch_backend import launch_local
+    from sim.distributed.backend import launch_local
 
     ap = _OneLineParser(description="DDP + gTop-k hook on digits (any registered algorithm as the hook)")
     ap.add_argument("--nproc", type=int, default=2)
@@ -78,18 +78,18 @@ def main(argv=None):
             ("--every", a.every, ">= 1", a.every >= 1), ("--density", a.density, "in (0, 1]", 0 < a.density <= 1),
             ("--lr", a.lr, "> 0", a.lr > 0), ("--start-iter", a.start_iter, ">= 0", a.start_iter >= 0)) if not ok]
         ap.error(bad[0])
-    from sim.errors import ConfigError, SparsimError
+    from sim.base.errors import ConfigError, SparsimError
 
     from experiments.run import _check_torch
 
     try:  # torch and the options checked here, before any process starts: one line, exit 2
         _check_torch("experiments/ddp_example.py")
-        from sim.ddp_hooks import SparseState
+        from sim.distributed.ddp_hooks import SparseState
 
         SparseState(None, a.algorithm, a.density, scope=a.scope, start_iter=a.start_iter)
     except ConfigError as err:
         ap.error(str(err))
-    from sim.torch_backend import WorkerFailure
+    from sim.distributed.backend import WorkerFailure
 
     try:
         log, (hook_s, callback_s), applied = launch_local(

@@ -68,7 +68,7 @@ def plan(quick: bool = False) -> tuple[tuple[DeltaObjective, ...], int]:
 
 @functools.lru_cache(maxsize=4)
 def _objective(o: DeltaObjective):
-    from sim.objectives import make_objective
+    from sim.workloads.objectives import make_objective
 
     return make_objective(o.objective, **dict(o.params))
 
@@ -76,8 +76,8 @@ def _objective(o: DeltaObjective):
 def _one_run(o: DeltaObjective, alg: str, T: int, run_dir: str) -> list[dict]:
     """Run (or reuse) one algorithm on one objective; return its metrics rows."""
     from sim.algorithms import AlgorithmSpec
-    from sim.data import shard_indices
-    from sim.runner import Workers, run_algorithm
+    from sim.workloads.data import shard_indices
+    from sim.engine.runner import Workers, run_algorithm
 
     def compute():
         obj = _objective(o)

@@ -10,7 +10,7 @@ mu = 1/n), on
 
 Mem-SGD's memory update is our error feedback with P = 1: acc = m + eta_t g; send comp_k(acc);
 m = acc - comp_k(acc) (docs/theory.md section 2), with comp = top-k (``topk``) or rand-k (``randk``,
-:func:`sim.compression.randk`, seeded per iteration). Plain SGD = ``dense`` with P = 1. Two step sizes:
+:func:`sim.comm.compression.randk`, seeded per iteration). Plain SGD = ``dense`` with P = 1. Two step sizes:
 
 - ``thm24``: Theorem 2.4's eta_t = 8/(mu(a + t)) with alpha = 5, a = (alpha+1) d/k + rho/(rho+1),
   rho = 4 alpha/((alpha-4)(alpha+1)^2) (docs/theory.md section 6);
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import ConfigError
+from sim.base.errors import ConfigError
 
 from .outdir import atomic_write_text, check_out, partial_dir, publish, save_figure, write_csv
 from .paper_common import cached_run
@@ -78,7 +78,7 @@ def plan(quick: bool = False, libsvm: str | None = None) -> tuple[tuple[MemSGDDa
                            (1, 2, 3), 30_000)]
         schedules = SCHEDULES
     if libsvm is not None:
-        from sim.data import load_dataset
+        from sim.workloads.data import load_dataset
 
         ds = load_dataset("libsvm", libsvm)
         if ds.n_classes != 2:
@@ -93,8 +93,8 @@ def plan(quick: bool = False, libsvm: str | None = None) -> tuple[tuple[MemSGDDa
 
 @functools.lru_cache(maxsize=4)
 def _objective(ds: MemSGDData):
-    from sim.data import load_dataset
-    from sim.objectives import make_objective
+    from sim.workloads.data import load_dataset
+    from sim.workloads.objectives import make_objective
 
     data = load_dataset(ds.dataset, **dict(ds.kwargs))
     return make_objective("logistic", dataset=data, lam=0.0, mu=1.0 / data.n)
@@ -151,7 +151,7 @@ def _fstar_job(ds: MemSGDData, path: str) -> dict:
 def _one_run(ds: MemSGDData, schedule: str, alg: str, k: int | None, run_dir: str) -> list[dict]:
     """Run (or reuse) one (data set, schedule, algorithm, k) on one worker; return its metrics rows."""
     from sim.algorithms import AlgorithmSpec
-    from sim.runner import Workers, run_algorithm
+    from sim.engine.runner import Workers, run_algorithm
 
     def compute():
         obj = _objective(ds)

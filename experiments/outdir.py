@@ -24,7 +24,7 @@ from typing import Sequence
 
 from filelock import FileLock, Timeout
 
-from sim.errors import ConfigError
+from sim.base.errors import ConfigError
 
 __all__ = ["MARKER", "file_record", "verify_record", "check_out", "lock_path", "release", "partial_dir", "publish", "write_csv", "csv_cell", "save_figure",
            "atomic_write_text"]

@@ -21,7 +21,7 @@ __all__ = ["cached_run"]
 def cached_run(run_dir: Path, compute: Callable[[], list[dict]]) -> list[dict]:
     """Metrics rows of one run: read ``run_dir/metrics.csv`` if it exists, else ``compute()`` and write it.
 
-    Rows are dicts with :data:`sim.runner.METRIC_COLUMNS`; read back with empty cells as nan. The file
+    Rows are dicts with :data:`sim.engine.runner.METRIC_COLUMNS`; read back with empty cells as nan. The file
     is written atomically (temporary file + rename), so an existing file is always complete.
     """
     from .check import read_metrics

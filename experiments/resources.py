@@ -3,8 +3,8 @@ memory, and an estimate of its work held against a documented limit (``sparsim r
 
 Memory (bytes; w = 8 for training.dtype float64, 4 for float32):
 
-- simulator: w d (ARRAYS_PER_RANK P + ARRAYS_SHARED) (:data:`sim.runner.ARRAYS_PER_RANK` = 12 vectors of d
-  per simulated worker, :data:`sim.runner.ARRAYS_SHARED` = 8 shared, rounded up from tracemalloc measurements)
+- simulator: w d (ARRAYS_PER_RANK P + ARRAYS_SHARED) (:data:`sim.engine.runner.ARRAYS_PER_RANK` = 12 vectors of d
+  per simulated worker, :data:`sim.engine.runner.ARRAYS_SHARED` = 8 shared, rounded up from tracemalloc measurements)
   plus the data and the objective's arrays (:func:`data_bytes_synthetic`, :func:`data_bytes_dataset`);
 - torch backend: every one of the P processes builds the whole objective and holds its own vectors
   (:data:`TORCH_ARRAYS_PER_RANK`) and the torch runtime (:data:`TORCH_PROCESS_BYTES`); rank 0 also gathers
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import math
 
-from sim.errors import ResourceError
-from sim.runner import ARRAYS_PER_RANK, ARRAYS_SHARED
+from sim.base.errors import ResourceError
+from sim.engine.runner import ARRAYS_PER_RANK, ARRAYS_SHARED
 
 __all__ = ["MAX_WORK", "SECONDS_PER_UNIT", "MESSAGE_UNITS", "STEP_UNITS", "TORCH_ARRAYS_PER_RANK",
            "TORCH_PROCESS_BYTES", "available_memory_bytes", "messages_per_step", "estimate_work",
@@ -74,7 +74,7 @@ def format_bytes(n: float) -> str:
 
 
 def _gpus_per_node(cl) -> int:
-    from sim.topology import CLUSTER_PRESETS
+    from sim.machine.topology import CLUSTER_PRESETS
 
     if cl.network in CLUSTER_PRESETS:
         return CLUSTER_PRESETS[cl.network].gpus_per_node
@@ -116,7 +116,7 @@ def estimate_work(sc, d: int) -> float:
 
 
 def data_bytes_synthetic(objective: str, d: int, n: int) -> int:
-    """Bytes a synthetic objective allocates (:mod:`sim.objectives`, default parameters r = 4, nnz = 8):
+    """Bytes a synthetic objective allocates (:mod:`sim.workloads.objectives`, default parameters r = 4, nnz = 8):
     sines / double_well about 8 vectors of d (spectrum, the r x d noise basis, x0, build temporaries) and 6 of
     n; robust_regression 3 of d and 20 of n, plus the n x d int64 column permutation it draws while
     n d <= 2 x 10^7."""
@@ -126,7 +126,7 @@ def data_bytes_synthetic(objective: str, d: int, n: int) -> int:
 
 
 def data_bytes_dataset(ds, objective: str) -> int:
-    """Bytes of a loaded :class:`sim.data.Dataset` (X dense or CSR, y) plus what a data objective adds on n
+    """Bytes of a loaded :class:`sim.workloads.data.Dataset` (X dense or CSR, y) plus what a data objective adds on n
     samples (row norms, the full evaluation's n x C scores and their temporaries, C = classes or 1)."""
     X = ds.X
     if ds.is_sparse:

@@ -3,7 +3,7 @@
 Run directory (written to ``DIR.partial`` and renamed to ``DIR`` only when complete, so a failed or
 interrupted run never leaves a directory that looks finished):
 
-- ``metrics.csv``: one row per (algorithm, iteration); columns in :data:`sim.runner.METRIC_COLUMNS`.
+- ``metrics.csv``: one row per (algorithm, iteration); columns in :data:`sim.engine.runner.METRIC_COLUMNS`.
 - ``summary.json``: the fully resolved scenario, seed, package versions, derived constants and totals.
 - ``figure.png`` / ``figure.pdf``: loss and grad_norm_sq against iteration and simulated time, the
   per-iteration time breakdown and delta over training, one line per algorithm.
@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from sim.algorithms import AlgorithmSpec
-from sim.compute import ComputeModel
-from sim.data import load_dataset, shard_indices
-from sim.errors import ConfigError
-from sim.network import PRESETS, NetworkSpec, get_preset
-from sim.topology import CLUSTER_PRESETS, ClusterSpec, get_cluster_preset
-from sim.objectives import make_objective
-from sim.runner import METRIC_COLUMNS, Workers
+from sim.machine.compute import ComputeModel
+from sim.workloads.data import load_dataset, shard_indices
+from sim.base.errors import ConfigError
+from sim.machine.network import PRESETS, NetworkSpec, get_preset
+from sim.machine.topology import CLUSTER_PRESETS, ClusterSpec, get_cluster_preset
+from sim.workloads.objectives import make_objective
+from sim.engine.runner import METRIC_COLUMNS, Workers
 
 from .outdir import check_out, file_record, partial_dir, publish, write_csv
 from .scenario import Scenario, used_keys_dump
@@ -144,10 +144,10 @@ class Built:
 
 
     def _build_net(self, sc: Scenario, check):
-        """A [model] run: the image data (sim.idx), the network (sim.nets) as the objective, its layer-wise
+        """A [model] run: the image data (sim.workloads.idx), the network (sim.workloads.nets) as the objective, its layer-wise
         workload; returns the training labels (for label sharding)."""
-        from sim.idx import load_image_dataset
-        from sim.nets import NET_PARAMS, NetObjective, build_net
+        from sim.workloads.idx import load_image_dataset
+        from sim.workloads.nets import NET_PARAMS, NetObjective, build_net
 
         from .run_net import net_data_bytes
 
@@ -176,7 +176,7 @@ class Built:
         algorithm (PowerSGD) under Horovod's fusion, and for buckets that are not consecutive in the flat vector."""
         import dataclasses as _dc
 
-        from sim.timeline import TimelineClock, ddp_buckets, flat_segments, layer_buckets
+        from sim.engine.timeline import TimelineClock, ddp_buckets, flat_segments, layer_buckets
 
         from .workload_run import _policy, resolve_device
 
@@ -409,12 +409,12 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
     iterations done so far.
 
     backend: "sim" (the SimPy cluster; simulated times) or "torch" (``nproc`` local processes over
-    torch.distributed on loopback, :mod:`sim.torch_backend`; the time columns are measured wall times
+    torch.distributed on loopback, :mod:`sim.distributed.backend`; the time columns are measured wall times
     iter_time_s is the slowest rank's step time and sim_time_s their running sum). nproc: must equal cluster.P (None: cluster.P).
     The torch settings come from the scenario's ``[torch]`` section (:class:`~experiments.scenario.TorchCfg`):
     timeout_s (seconds a rank may wait on a peer before the run fails), stall_timeout_s (seconds every
     rank may go without progress; 0 = no limit), dist_backend ("gloo", "nccl" or "auto") and backend_allreduce (dense uses
-    torch.distributed.all_reduce). When a torch rank fails, :class:`sim.torch_backend.WorkerFailure` is raised naming the
+    torch.distributed.all_reduce). When a torch rank fails, :class:`sim.distributed.backend.WorkerFailure` is raised naming the
     rank and ``out.partial/error.txt`` records it (``out`` is not created).
 
     jobs (backend "sim"): how many algorithms are simulated at the same time, each in a forked process
@@ -434,7 +434,7 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
     if jobs is not None and jobs > 1 and sc.model.name:
         raise ConfigError(f"--jobs {jobs} with model.name = {sc.model.name!r}: torch cannot run in a forked process "
                           "once its thread pool has started, and the per-worker gradients spread over the cores already "
-                          "(sim.nets), so its algorithms run one after another: valid --jobs 1 or none")
+                          "(sim.workloads.nets), so its algorithms run one after another: valid --jobs 1 or none")
     if sc.workload.active:
         if backend != "sim" or nproc is not None:
             raise ConfigError("workload.model / workload.table simulate a real model's iteration timeline: valid "
@@ -458,7 +458,7 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
                 raise ConfigError("torch.dist_backend = 'nccl' (--dist-backend) needs a CUDA GPU and none is "
                                   "visible: use gloo")
         if sc.torch.select_device == "cuda":
-            from sim.torch_backend import resolve_select_device
+            from sim.distributed.backend import resolve_select_device
 
             resolve_select_device("cuda")  # ConfigError now, before any rank starts, when no GPU is visible
         if backend_allreduce and "dense" not in sc.algorithms:
@@ -485,7 +485,7 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
             rows = [row for r in per_spec for row in r]
             info = {"name": "sim"}
         else:
-            from sim.torch_backend import WorkerFailure, launch_local
+            from sim.distributed.backend import WorkerFailure, launch_local
 
             from .torch_run import scenario_job
 

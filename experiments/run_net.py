@@ -1,8 +1,8 @@
 """The parts of ``sparsim run`` particular to a ``[model]`` scenario: a torch network trained on images.
 
 The run itself is the ordinary numerics run (:mod:`experiments.run`): the network is the objective
-(:class:`sim.nets.NetObjective`), the P workers' programs run on the lock-step driver, and each iteration's time
-comes from the same network's layer-wise timeline on the scenario's cluster (:class:`sim.timeline.TimelineClock`).
+(:class:`sim.workloads.nets.NetObjective`), the P workers' programs run on the lock-step driver, and each iteration's time
+comes from the same network's layer-wise timeline on the scenario's cluster (:class:`sim.engine.timeline.TimelineClock`).
 This module holds what only such a run needs: its data-size estimate and its summary.json section.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ def net_data_bytes(ds, sc: Scenario) -> int:
     """Bytes a [model] run holds besides the workers' vectors: the images as uint8 and once in the training
     dtype (float32 or float64; train and test), the batched step's P x d gradient block (twice: the block and
     its copy), and the torch runtime with the networks' activations (:data:`TORCH_RUNTIME_BYTES`, measured)."""
-    from sim.nets import NET_PARAMS
+    from sim.workloads.nets import NET_PARAMS
 
     w = 4 if sc.training.dtype == "float32" else 8
     pixels = ds.X_train.size + ds.X_test.size
@@ -42,11 +42,11 @@ def activation_bytes(sc: Scenario) -> int:
     """Bytes of the network's activations at the peak of a [model] run's gradient step: ACTIVATION_FACTOR x the
     elements all leaf modules output for one 1 x 28 x 28 image (one forward with hooks on the zoo network) x the
     dtype's size x the images in flight: P x b with ``model.gradients = "vmap"`` (one batched call), the loop's
-    concurrent workers (:meth:`sim.nets.NetObjective._n_threads`: up to the cores, P and LOOP_MAX_THREADS) x b
+    concurrent workers (:meth:`sim.workloads.nets.NetObjective._n_threads`: up to the cores, P and LOOP_MAX_THREADS) x b
     otherwise, and at least the evaluation's 1000-image forwards (no saved tensors: a quarter of the factor)."""
     import os
 
-    from sim.nets import LOOP_MAX_THREADS, build_net, torch_or_error
+    from sim.workloads.nets import LOOP_MAX_THREADS, build_net, torch_or_error
 
     torch = torch_or_error()
     m = build_net(sc.model.name, dtype="float32")
@@ -77,7 +77,7 @@ def net_resolved(sc: Scenario, built) -> dict:
     ds = built.dataset
     segs = next((s.segments for s in built.specs if s.segments is not None), None)
     return {
-        "clock": "layer-wise timeline of the network on the cluster (sim.timeline.TimelineClock); numerics on the "
+        "clock": "layer-wise timeline of the network on the cluster (sim.engine.timeline.TimelineClock); numerics on the "
                  "lock-step driver",
         "workload": {"name": wl.name, "parameters": wl.d, "tensors": len(wl.tensors), "layers": len(wl.layers),
                      "input": wl.input, "source": wl.source, "forward_s": float(fwd.sum()),
@@ -95,11 +95,11 @@ def net_resolved(sc: Scenario, built) -> dict:
 
 
 def write_net_trace(path, sc: Scenario, built, rows: list[dict]) -> bool:
-    """Write the Chrome trace (``trace.json``, :func:`sim.timeline.chrome_trace`) of a [model] run: iterations
+    """Write the Chrome trace (``trace.json``, :func:`sim.engine.timeline.chrome_trace`) of a [model] run: iterations
     ``workload.trace_iterations`` of the first ``workload.trace_ranks`` ranks of every algorithm, on the same simulated
     clock as metrics.csv (the timeline is recomputed: it depends only on the spec, never on the values). Iterations
     after the run's last (a time budget can stop it early) are left out. Returns whether a file was written."""
-    from sim.timeline import chrome_trace
+    from sim.engine.timeline import chrome_trace
 
     w, clock = sc.workload, built.clock
     traces = {}

@@ -10,7 +10,7 @@ beside it.
 Two network models of the published runs:
 
 - **flat** (:data:`NETWORK`): every rank alone on a 1 GbE star, alpha + n beta per message, no contention;
-- **4-GPU nodes** (:data:`CLUSTER`, :func:`sim.topology.get_cluster_preset` ``"gtopk-icdcs"``): the authors'
+- **4-GPU nodes** (:data:`CLUSTER`, :func:`sim.machine.topology.get_cluster_preset` ``"gtopk-icdcs"``): the authors'
   cluster as the released launch script runs it (``nwpernode=4``): 4 GPUs per node on PCIe (alpha_i = 10 us,
   beta_i = 1 ns/byte), one 1 GbE NIC per node shared by its 4 GPUs (queueing on it simulated), inter-node
   path = the same 1 GbE fit. At P = 4 all traffic stays inside one node. The released code's flat
@@ -18,18 +18,18 @@ Two network models of the published runs:
   (:data:`HIER_VARIANTS`: intra-node stage, inter-node stage between nodes, intra-node stage) are reported
   beside them as what a hierarchy-aware implementation would get on the same cluster.
 
-Model of one iteration on each worker (timing-only mode, :mod:`sim.timing`: message sizes without data):
+Model of one iteration on each worker (timing-only mode, :mod:`sim.engine.timing`: message sizes without data):
 
 - ``forward_backward`` = batch / single-GPU throughput (s), from the released ICDCS scripts (docs/costs.md);
 - ``select`` (sparse algorithms) = 2.19e-10 s * d log2 d, the authors' top-k time fit (ComputeModel default);
-- the collective, round by round on the fast engine (``engine="auto"``, :mod:`sim.fastsim`: the same
+- the collective, round by round on the fast engine (``engine="auto"``, :mod:`sim.engine.fastsim`: the same
   simulated times as the message-level SimPy engine, thousands of ranks in seconds).
 
 Scaling efficiency (the ICDCS scripts' definition, docs/costs.md) = per-worker throughput at P / single-GPU
 throughput = (batch / t_iter(P)) / (batch / t_compute) = t_compute / t_iter(P), in %.
 
 Layer-wise overlap (``overlap.csv``, :func:`simulate_overlap_case`, at the published P = 4..32 on both network
-models): the same iteration on :func:`sim.timeline.simulate_timeline` with the zoo's models
+models): the same iteration on :func:`sim.engine.timeline.simulate_timeline` with the zoo's models
 (:data:`ZOO_NAMES`, exact parameter counts, k = round(0.001 d)) whose per-layer forward/backward seconds are
 their FLOP shares scaled to t_compute (:func:`icdcs_workload`; 0-FLOP layers take 0 s): dense with DDP's
 default buckets overlapped with backward and, for comparison, one allreduce after backward (= the model
@@ -55,11 +55,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from sim.algorithms import AlgorithmSpec, get
-from sim.compute import ComputeModel
-from sim.costs import ring_allreduce_time, topk_allgather_time
-from sim.errors import SparsimError
-from sim.network import get_preset
-from sim.topology import get_cluster_preset
+from sim.machine.compute import ComputeModel
+from sim.comm.costs import ring_allreduce_time, topk_allgather_time
+from sim.base.errors import SparsimError
+from sim.machine.network import get_preset
+from sim.machine.topology import get_cluster_preset
 from sim.workloads.model import Workload
 
 from .outdir import check_out, partial_dir, publish, save_figure, write_csv
@@ -74,7 +74,7 @@ __all__ = ["ModelSpec", "MODELS", "VARIANTS", "HIER_VARIANTS", "ScalingPlan", "p
            "overlap_markdown"]
 
 NETWORK = "1GbE"
-#: The hierarchical model of the published runs: the gTop-k authors' cluster (sim.topology preset).
+#: The hierarchical model of the published runs: the gTop-k authors' cluster (sim.machine.topology preset).
 CLUSTER = "gtopk-icdcs"
 DENSITY = 0.001
 #: Top-k selection time fit on the ICDCS GPU (P102-100): t = c x log2 x seconds (docs/costs.md).
@@ -143,7 +143,7 @@ MAIN_VARIANTS = ("dense", "topk", "gtopk")  # algorithms: the paper's three seri
 #: index_bytes); ``gpus_per_node`` comes from the cluster. ``<alg>_hier`` is the hierarchy-aware counterpart of
 #: ``<alg>``: dense = intra-node reduce-scatter, inter-node ring per local rank, intra-node allgather;
 #: topk = intra-node gather, inter-node Bruck allgather of node blocks, intra-node broadcast; gtopk =
-#: intra-node tree reduce, inter-node recursive doubling, intra-node broadcast (:mod:`sim.collectives`).
+#: intra-node tree reduce, inter-node recursive doubling, intra-node broadcast (:mod:`sim.comm.collectives`).
 HIER_VARIANTS = {
     "dense_hier": ("dense", "hierarchical", "exact", 4, 0),
     "topk_hier": ("topk", "hierarchical", "exact", 4, 4),
@@ -159,8 +159,8 @@ RATIO_COLUMNS = ("kind", "model", "quantity", "P", "published", "simulated", "re
 CROSSOVER_COLUMNS = ("model", "d", "density", "k", "crossover_closed_form", "crossover_simulated", "agree",
                      "sim_p_max", "sim_evaluated_P", "crossover_iter_closed_form", "note")
 #: ``cluster.csv``: :data:`SCALING_COLUMNS` plus the cluster (preset name, nodes, GPUs per node). Its
-#: comm_closed_form_s is the sim.costs closed form: for the flat algorithms inside one node (P <= G, intra-node
-#: alpha and beta, exact there) and for the hierarchical collectives (:func:`sim.timing.closed_form_comm_s`
+#: comm_closed_form_s is the sim.comm.costs closed form: for the flat algorithms inside one node (P <= G, intra-node
+#: alpha and beta, exact there) and for the hierarchical collectives (:func:`sim.engine.timing.closed_form_comm_s`
 #: with the cluster: intra- and inter-node alpha and beta; for the dense allreduce with GPUs sharing a NIC a
 #: bound, so comm_rel_diff shows how far the simulated queueing on the NIC is from it); empty for the flat
 #: algorithms across nodes (no closed form models their NIC queueing).
@@ -179,7 +179,7 @@ HIERARCHY_COLUMNS = ("model", "P", "algorithm", "cluster", "nodes", "gpus_per_no
 class ScalingPlan:
     """Models, worker counts, crossover densities and the largest P the crossover simulation may use.
 
-    cluster: :mod:`sim.topology` preset of the hierarchical model ("" for none), simulated at every P of
+    cluster: :mod:`sim.machine.topology` preset of the hierarchical model ("" for none), simulated at every P of
     ``Ps`` with ``cluster_variants`` (each P must be a multiple of the preset's GPUs per node).
     overlap_Ps: P of the layer-wise timeline cases (``overlap.csv``, :data:`OVERLAP_CASES` on the flat network
     and on ``cluster``); () for none.
@@ -249,7 +249,7 @@ def _alpha_beta():
 def _simulate_row(model: str, variant: str, spec: AlgorithmSpec, P: int, network, iterations: int) -> dict:
     """Simulate ``spec`` for ``model`` on ``network`` (timing-only, engine auto) and return the row fields both
     tables share (:data:`SCALING_COLUMNS` without the closed form): times in s, efficiency in %."""
-    from sim.timing import simulate_timing
+    from sim.engine.timing import simulate_timing
 
     m = MODELS[model]
     fb = m.compute_s()
@@ -277,10 +277,10 @@ def simulate_case(model: str, variant: str, P: int, iterations: int = 1) -> dict
 
     t_iter_s: simulated synchronous iteration time (s, mean over iterations; they are identical: the
     model is deterministic); t_compute_s = batch / throughput; t_select_s = 2.19e-10 d log2 d (sparse);
-    t_comm_s = t_iter - t_compute - t_select (critical-path communication), compared with the sim.costs
+    t_comm_s = t_iter - t_compute - t_select (critical-path communication), compared with the sim.comm.costs
     closed form (comm_rel_diff). efficiency_pct = 100 t_compute / t_iter.
     """
-    from sim.timing import closed_form_comm_s
+    from sim.engine.timing import closed_form_comm_s
 
     m = MODELS[model]
     spec = variant_spec(variant, m.k)
@@ -299,7 +299,7 @@ def simulate_cluster_case(model: str, variant: str, P: int, iterations: int = 1,
     :data:`CLUSTER_COLUMNS` (None for the flat algorithms across nodes). Raises ConfigError when P is not a
     multiple of the preset's GPUs per node.
     """
-    from sim.timing import closed_form_comm_s
+    from sim.engine.timing import closed_form_comm_s
 
     m = MODELS[model]
     cl = get_cluster_preset(cluster, P)
@@ -322,7 +322,7 @@ def simulate_cluster_case(model: str, variant: str, P: int, iterations: int = 1,
 #: 61,100,840; ResNet-50 25,557,032), which differ slightly from the rounded :attr:`ModelSpec.d`.
 ZOO_NAMES = {"ResNet-20": "resnet20-cifar", "VGG-16": "vgg16-cifar", "AlexNet": "alexnet", "ResNet-50": "resnet50"}
 #: Network models of ``overlap.csv``: "flat" (:data:`NETWORK`, every rank on its own port) and "cluster"
-#: (the plan's :mod:`sim.topology` preset, :data:`CLUSTER` by default, with P ranks).
+#: (the plan's :mod:`sim.machine.topology` preset, :data:`CLUSTER` by default, with P ranks).
 OVERLAP_NETWORKS = ("flat", "cluster")
 #: (algorithm, timeline policy) pairs of ``overlap.csv``: dense with DDP's default buckets overlapped with
 #: backward ("ddp") and as one allreduce after backward ("none", the model of ``scaling.csv``); Top-k and
@@ -330,7 +330,7 @@ OVERLAP_NETWORKS = ("flat", "cluster")
 OVERLAP_CASES = (("dense", "ddp"), ("dense", "none"), ("topk", "model"), ("gtopk", "model"))
 #: ``overlap.csv``, one row per (model, P, network, algorithm, policy): buckets = communication operations
 #: per iteration; t_iter_s and exposed_comm_s (iteration time - compute, s) and overlap_ratio (1 - exposed /
-#: (comm + selection), in [0, 1]) from :func:`sim.timeline.simulate_timeline`; efficiency_pct = 100
+#: (comm + selection), in [0, 1]) from :func:`sim.engine.timeline.simulate_timeline`; efficiency_pct = 100
 #: t_compute / t_iter; published_pct (the same algorithm's published efficiency, %) and rel_error =
 #: (efficiency - published) / published, empty where nothing was published.
 OVERLAP_COLUMNS = ("model", "P", "network", "algorithm", "policy", "buckets", "t_iter_s", "exposed_comm_s",
@@ -394,12 +394,12 @@ def simulate_overlap_case(model: str, network: str, algorithm: str, policy: str,
     time), k = :func:`overlap_k`; the released code's flat algorithms (:data:`VARIANTS` dense ring, Top-k
     Bruck allgather, gTop-k binomial tree; 4 + 4 bytes per sparse element) on ``network`` ("flat": the 1 GbE
     preset; "cluster": ``cluster`` with P ranks); selection = :data:`SELECT_COEFF_S` x log2 x seconds over the
-    x elements of an operation (whole model here); :func:`sim.timeline.simulate_timeline`, engine auto.
+    x elements of an operation (whole model here); :func:`sim.engine.timeline.simulate_timeline`, engine auto.
     (algorithm, policy) must be one of :data:`OVERLAP_CASES`. Times in s; efficiency_pct = 100
     :meth:`ModelSpec.compute_s` / t_iter (the ICDCS definition, as :func:`simulate_case`). Raises
     SparsimError for an unknown network or (algorithm, policy) pair, ConfigError for a P the cluster rejects.
     """
-    from sim.timeline import TimelinePolicy, simulate_timeline
+    from sim.engine.timeline import TimelinePolicy, simulate_timeline
 
     if (algorithm, policy) not in OVERLAP_CASES:
         raise SparsimError(f"(algorithm, policy) = ({algorithm!r}, {policy!r}) is not simulated: valid "
@@ -430,7 +430,7 @@ def crossover_closed_form(d: int, k: int, alpha: float, beta: float, p_max: int 
                           select_s: float = 0.0) -> int | None:
     """Smallest integer P in [2, p_max] where Top-k allgather (+ ``select_s``) is slower than dense ring allreduce.
 
-    Times from :mod:`sim.costs` (ceil(lg P) alpha + (P-1) k 8 beta vs 2(P-1)(alpha + ceil(d/P) 4 beta), s);
+    Times from :mod:`sim.comm.costs` (ceil(lg P) alpha + (P-1) k 8 beta vs 2(P-1)(alpha + ceil(d/P) 4 beta), s);
     None if Top-k is never slower up to p_max. ``select_s`` > 0 compares iteration times instead (the top-k
     selection is the only other difference; forward/backward cancels).
     """
@@ -442,7 +442,7 @@ def crossover_closed_form(d: int, k: int, alpha: float, beta: float, p_max: int 
 
 def _sim_comm(spec: AlgorithmSpec, P: int, d: int) -> float:
     """Simulated time (s) of ``spec``'s collective alone (zero compute) on P ranks of the flat network."""
-    from sim.timing import simulate_timing
+    from sim.engine.timing import simulate_timing
 
     return float(simulate_timing(spec, P, d, network=get_preset(NETWORK), engine="auto").iter_s[0])
 
@@ -819,7 +819,7 @@ def overlap_markdown(sp: ScalingPlan, orows: list[dict]) -> str:
     Ps = sorted({r["P"] for r in orows})
     dd = ", ".join(f"{m_} {icdcs_workload(m_).d:,} (k = {overlap_k(m_):,}; ModelSpec {MODELS[m_].d:,})" for m_ in models)
     cl_text = f"; 'nodes' = {sp.cluster} with the released flat algorithms" if "cluster" in nets else ""
-    out = ["Layer-wise overlap (sim.timeline on the zoo models, `overlap.csv`): each layer's forward and backward "
+    out = ["Layer-wise overlap (sim.engine.timeline on the zoo models, `overlap.csv`): each layer's forward and backward "
            "seconds are its share of the zoo model's FLOPs scaled so that forward + backward = batch / published "
            "single-GPU samples per s (the compute of the tables above); layers with 0 FLOPs (BatchNorm, ReLU, "
            f"pooling) take 0 s. Exact zoo parameter counts d, k = round({DENSITY} d): {dd}. Dense 'none' = one "
@@ -849,7 +849,7 @@ def overlap_markdown(sp: ScalingPlan, orows: list[dict]) -> str:
     out += ["", f"DDP buckets and overlap ratio (1 - exposed / communicated; P = {', '.join(map(str, Ps))}):", "",
             "| model | buckets | elements per bucket (launch order) | " + " | ".join(
                 f"{label[n]} overlap" for n in nets) + " |", "|---|---|---|" + "---|" * len(nets)]
-    from sim.timeline import ddp_buckets
+    from sim.engine.timeline import ddp_buckets
 
     for m_ in models:
         b = ddp_buckets(icdcs_workload(m_))
@@ -1064,7 +1064,7 @@ def _hierarchy_reading(sp: ScalingPlan, hrows: list[dict], summ: list[dict], G: 
             if dev and max(abs(r["hier_comm_rel_diff"]) for r in dev) > 0.01:
                 lo_, hi_ = (min(dev, key=lambda r: r["hier_comm_rel_diff"]), max(dev, key=lambda r: r["hier_comm_rel_diff"]))
                 lines.append(f"- Simulated hierarchical {names[alg].split()[0]} communication vs its closed form "
-                             f"(sim.timing.closed_form_comm_s, across nodes): {_fmt_err(lo_['hier_comm_rel_diff'])} "
+                             f"(sim.engine.timing.closed_form_comm_s, across nodes): {_fmt_err(lo_['hier_comm_rel_diff'])} "
                              f"({lo_['model']}, P = {lo_['P']}) to {_fmt_err(hi_['hier_comm_rel_diff'])} ({hi_['model']}, "
                              f"P = {hi_['P']}) ({shared} in the simulation).")
     far = [r for r in pub if abs(r["flat_rel_error"]) > 0.5 and abs(r["cluster_rel_error"]) > 0.5]

@@ -2,7 +2,7 @@
 
 Every key, its unit and default is listed in the README (generated from this schema by
 ``sparsim scenario keys``). Unknown keys, wrong types and out-of-range values raise
-:class:`~sim.errors.ConfigError` with a one-line message naming the key, the value and the valid range.
+:class:`~sim.base.errors.ConfigError` with a one-line message naming the key, the value and the valid range.
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sim.compute import MAX_COEFF_S, MAX_FORWARD_BACKWARD_S, MAX_JITTER_SCALE, MAX_STRAGGLER_FACTOR
-from sim.errors import ConfigError
-from sim.network import MAX_QUANTUM_S
+from sim.machine.compute import MAX_COEFF_S, MAX_FORWARD_BACKWARD_S, MAX_JITTER_SCALE, MAX_STRAGGLER_FACTOR
+from sim.base.errors import ConfigError
+from sim.machine.network import MAX_QUANTUM_S
 
 __all__ = ["Scenario", "used_keys_dump", "load_scenario", "apply_overrides", "DEFAULT_SCENARIO_TEXT", "scenario_keys", "option_overrides",
            "MAX_REGULARISER"]
@@ -119,7 +119,7 @@ class DataCfg(_Strict):
 
     #: objectives that train on a data set (the others generate their own data of dimension d and n samples)
     REAL: ClassVar[tuple[str, ...]] = ("softmax", "logistic")
-    #: image data sets in the IDX format, trained by a [model] network (sim.idx)
+    #: image data sets in the IDX format, trained by a [model] network (sim.workloads.idx)
     IMAGES: ClassVar[tuple[str, ...]] = ("fashion-mnist", "mnist")
 
     @model_validator(mode="after")

@@ -16,7 +16,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Sequence
 
-from sim.errors import ConfigError, SparsimError
+from sim.base.errors import ConfigError, SparsimError
 
 __all__ = ["map_jobs", "resolve_jobs"]
 

@@ -1,14 +1,14 @@
 """Scenario runs on the torch backend: the per-rank job, and the torchrun entry point for several machines.
 
 Local runs (``sparsim run --backend torch --nproc P``) spawn P processes through
-:func:`sim.torch_backend.launch_local`, each running :func:`scenario_job`. On several machines, start
+:func:`sim.distributed.backend.launch_local`, each running :func:`scenario_job`. On several machines, start
 one process per rank with torchrun (README, "Real backend"):
 
     torchrun --nnodes 2 --nproc-per-node 4 --node-rank N --master-addr HOST --master-port 29500 \\
         -m experiments.torch_run SCENARIO.toml --out DIR
 
 Every rank builds the same scenario (deterministic from its seed), runs each algorithm with
-:func:`sim.torch_backend.run_worker`, and rank 0 writes the run directory.
+:func:`sim.distributed.backend.run_worker`, and rank 0 writes the run directory.
 """
 from __future__ import annotations
 
@@ -28,14 +28,14 @@ TORCH_NET_CLOCK = ("measured wall time of the P torch processes (the backend's t
 
 
 def scenario_job(ctx, scenario_dump: dict) -> list | None:
-    """Run every algorithm of a scenario as rank ``ctx.rank`` (a :class:`sim.torch_backend.DistContext`).
+    """Run every algorithm of a scenario as rank ``ctx.rank`` (a :class:`sim.distributed.backend.DistContext`).
 
     scenario_dump: ``Scenario.model_dump()`` (validated again here); dense uses
     torch.distributed.all_reduce when its ``torch.backend_allreduce`` is true; each rank makes its Top-k selections
     where ``torch.select_device`` says (its GPU or the CPU, the same indices). Returns on rank 0 the metrics rows of all algorithms in order
     (list of dicts), None on the other ranks. Raises ConfigError if cluster.P differs from the world size.
     """
-    from sim.errors import ConfigError
+    from sim.base.errors import ConfigError
 
     from .run import build
     from .scenario import Scenario
@@ -51,8 +51,8 @@ def run_built(ctx, sc, built) -> list | None:
     ``ctx.rank``, each for ``training.iterations`` iterations or, with a [model] run's ``training.time_budget_s``,
     for the iterations the simulator runs within that budget on its clock (the network's layer-wise timeline). Returns
     rank 0's metrics rows (list of dicts), None on the other ranks."""
-    from sim.errors import SparsimError
-    from sim.torch_backend import resolve_select_device, run_worker
+    from sim.base.errors import SparsimError
+    from sim.distributed.backend import resolve_select_device, run_worker
 
     rows = []
     for spec in built.specs:
@@ -60,7 +60,7 @@ def run_built(ctx, sc, built) -> list | None:
         if built.clock is not None and built.clock.time_budget_s:  # the simulator's iterations within the budget
             timeline = built.clock(spec, T)
             T = built.clock.iterations_within(timeline)
-            if T < 1:  # the simulator's own refusal (sim.runner.run_algorithm), on every rank
+            if T < 1:  # the simulator's own refusal (sim.engine.runner.run_algorithm), on every rank
                 raise SparsimError(f"training.time_budget_s = {built.clock.time_budget_s:g} s is out of range for "
                                    f"{spec.label}: its first iteration alone takes {timeline.iter_s[0]:.6g} s of "
                                    "simulated time: valid budget >= that")
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     (via DIR.partial). Returns the exit code (2 and one line for user errors)."""
     import argparse
 
-    from sim.errors import SparsimError
+    from sim.base.errors import SparsimError
 
     ap = argparse.ArgumentParser(prog="python -m experiments.torch_run")
     ap.add_argument("scenario", nargs="?")
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     try:
         import torch.distributed as dist
 
-        from sim.torch_backend import init_from_env
+        from sim.distributed.backend import init_from_env
 
         from .outdir import check_out, partial_dir, publish
         from .run import build, torch_backend_info, write_run_directory

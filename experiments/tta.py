@@ -1,6 +1,6 @@
 """``sparsim experiment tta``: time to accuracy of dense, Top-k, gTop-k and rand-k on a network trained on images.
 
-A sweep of algorithms x densities x seeds on one network of the image zoo (:data:`sim.nets.NET_ZOO`) trained on
+A sweep of algorithms x densities x seeds on one network of the image zoo (:data:`sim.workloads.nets.NET_ZOO`) trained on
 Fashion-MNIST by P simulated workers with error feedback (a ``[model]`` run, :mod:`experiments.run_net`), timed on
 one or more clusters. For each case (algorithm, density, seed) and cluster it reports the iterations and the
 simulated time (s) to first reach a target test accuracy, the final and the best test accuracy; then the mean and
@@ -8,7 +8,7 @@ the spread over the seeds.
 
 Train once, time on every cluster. The numbers of a case (gradients, selections, residuals, accuracies) do not
 depend on the cluster: the cluster only times the iterations. Each iteration's time is the network's layer-wise
-timeline on that cluster (:class:`sim.timeline.TimelineClock`, the clock of a ``[model]`` run), which follows from
+timeline on that cluster (:class:`sim.engine.timeline.TimelineClock`, the clock of a ``[model]`` run), which follows from
 k, d, the policies and the device, never from the values. So each case is trained once (a ``sparsim run`` folder
 under ``runs/``, timed on the first cluster), and its clock on every cluster is the float64 ``np.cumsum`` of that
 cluster's iteration times (:func:`cluster_iteration_times`, built as :class:`experiments.run.Built` builds it); on
@@ -25,7 +25,7 @@ Rules (results.md states them):
 - final test accuracy: at the last evaluation point of the run (with a time budget: the last one within the budget
   on that cluster); best: the largest at any evaluation point (within the budget).
 - time budget (``time_budget_s``): on each cluster a case keeps the iterations whose clock is <= the budget (the
-  rule of :meth:`sim.timeline.TimelineClock.iterations_within`); the case is trained for the most iterations any
+  rule of :meth:`sim.engine.timeline.TimelineClock.iterations_within`); the case is trained for the most iterations any
   cluster keeps (at most ``iterations``), so every cluster's runs stop at the same simulated time.
 
 Parallel cases: local processes are *spawned*, not forked (a forked child of a process whose torch thread pool has
@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import ConfigError, SparsimError
+from sim.base.errors import ConfigError, SparsimError
 
 from .outdir import check_out, partial_dir, publish, save_figure, write_csv
 from .sweep import map_jobs, resolve_jobs
@@ -61,7 +61,7 @@ __all__ = ["Plan", "Case", "plan", "cluster_iteration_times", "run_case", "time_
            "DEFAULT_TARGET", "CLAIM_TOL"]
 
 DATASET = "fashion-mnist"
-TRAIN_IMAGES = 60_000  # Fashion-MNIST's training images (sim.idx checks the files' counts)
+TRAIN_IMAGES = 60_000  # Fashion-MNIST's training images (sim.workloads.idx checks the files' counts)
 DEVICE = "P102-100"  # the gTop-k papers' GPU (their cluster, ICDCS 2019 / IJCAI 2019)
 DEFAULT_TARGET = 0.80
 #: Tolerance on the test accuracy of the gTop-k claim "reaches dense's accuracy": 1 percentage point.
@@ -114,7 +114,7 @@ def _group_label(group) -> str:
 class Plan:
     """The sweep's settings (:func:`plan` fills and checks them).
 
-    model: a network of :data:`sim.nets.NET_ZOO`; algorithms: registered names; densities: k/d in (0, 1] (for the
+    model: a network of :data:`sim.workloads.nets.NET_ZOO`; algorithms: registered names; densities: k/d in (0, 1] (for the
     algorithms with k); seeds: seeds 0 .. seeds-1; clusters: ``cluster.network`` presets (the first one times the
     training runs); P workers of ``batch_size`` images each; constant step ``lr``; heavy-ball ``momentum``;
     ``iterations`` (the cap); ``eval_every`` (iterations between evaluations); ``time_budget_s`` (simulated s;
@@ -183,7 +183,7 @@ class Plan:
 
     def k(self, density: float | None) -> int | None:
         """Coordinates selected per worker at ``density`` on the plan's network (None for density None)."""
-        from sim.nets import NET_PARAMS
+        from sim.workloads.nets import NET_PARAMS
 
         if density is None:
             return None
@@ -287,9 +287,9 @@ def _check_plan(pl: Plan) -> None:
     """ConfigError unless the model, every algorithm and cluster are known and one case per algorithm makes a valid
     scenario on every cluster (P against the node size included)."""
     from sim.algorithms import REGISTRY, resolve
-    from sim.network import PRESETS
-    from sim.nets import NET_ZOO
-    from sim.topology import CLUSTER_PRESETS
+    from sim.machine.network import PRESETS
+    from sim.workloads.nets import NET_ZOO
+    from sim.machine.topology import CLUSTER_PRESETS
 
     from .run import build_network
 
@@ -314,9 +314,9 @@ def _check_plan(pl: Plan) -> None:
 
 @functools.lru_cache(maxsize=4)
 def _workload(model: str):
-    """The network's :class:`sim.workloads.Workload` as a [model] run builds it (:meth:`sim.nets.NetObjective.workload`:
+    """The network's :class:`sim.workloads.Workload` as a [model] run builds it (:meth:`sim.workloads.nets.NetObjective.workload`:
     :func:`sim.workloads.extract.from_torch` on a 1 x 28 x 28 image, tensors in the flat vector's order)."""
-    from sim.nets import NET_PARAMS, build_net, net_workload
+    from sim.workloads.nets import NET_PARAMS, build_net, net_workload
 
     wl = net_workload(build_net(model, seed=0, dtype="float32"), (1, 28, 28), model)
     if wl.d != NET_PARAMS[model]:  # pragma: no cover - a zoo inconsistency
@@ -326,14 +326,14 @@ def _workload(model: str):
 
 def cluster_iteration_times(pl: Plan, case: Case, cluster: str, iterations: int) -> tuple[np.ndarray, int]:
     """(iter_s, n): the simulated time (s) of each of ``iterations`` iterations of ``case`` on ``cluster`` -- float64
-    array of shape (iterations,), from the network's layer-wise timeline (:class:`sim.timeline.TimelineClock`, built
+    array of shape (iterations,), from the network's layer-wise timeline (:class:`sim.engine.timeline.TimelineClock`, built
     as :meth:`experiments.run.Built._net_segments` builds it: the cluster, workload.device, the DDP / sparse policies,
     the compute model, b images per worker) -- and n, how many of them the plan's time budget keeps
-    (:meth:`~sim.timeline.TimelineClock.iterations_within`; all without a budget). Imports torch (the network's
+    (:meth:`~sim.engine.timeline.TimelineClock.iterations_within`; all without a budget). Imports torch (the network's
     FLOPs). Raises ConfigError as the scenario does."""
-    from sim.compute import ComputeModel
-    from sim.timeline import TimelineClock
-    from sim.topology import ClusterSpec
+    from sim.machine.compute import ComputeModel
+    from sim.engine.timeline import TimelineClock
+    from sim.machine.topology import ClusterSpec
 
     from .run import algorithm_specs, build_network
     from .workload_run import _policy, resolve_device

@@ -1,13 +1,13 @@
 """``sparsim run`` on a scenario naming a real model: layer-wise iteration timelines, timing only.
 
 A scenario whose ``[workload]`` names a zoo model (``workload.model``) or a layer table (``workload.table``)
-simulates each algorithm's iterations with :func:`sim.timeline.simulate_timeline`: forward and backward
+simulates each algorithm's iterations with :func:`sim.engine.timeline.simulate_timeline`: forward and backward
 layer by layer on the device model, gradients bucketed (DDP buckets, Horovod fusion, per layer, or the whole
 model) and communicated on the simulated cluster, overlapped with backward. There is no objective to train (the
 zoo models have no data here), so the loss columns are empty. The run directory (built as ``DIR.partial``,
 renamed when complete) holds:
 
-- ``metrics.csv``: one row per (algorithm, iteration) with :data:`sim.runner.METRIC_COLUMNS`; the time
+- ``metrics.csv``: one row per (algorithm, iteration) with :data:`sim.engine.runner.METRIC_COLUMNS`; the time
   columns compute_s, compress_s, comm_s, exposed_comm_s, overlap_ratio are rank 0's, iter_time_s the slowest rank's;
 - ``summary.json``: the scenario, the resolved workload (parameters, layers, buckets, compute per iteration),
   the network, and per-algorithm means with the speedup over dense;
@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from sim.algorithms import AlgorithmSpec
-from sim.compute import ComputeModel
-from sim.errors import ConfigError
-from sim.timeline import TimelinePolicy, chrome_trace, simulate_timeline
-from sim.topology import ClusterSpec
+from sim.machine.compute import ComputeModel
+from sim.base.errors import ConfigError
+from sim.engine.timeline import TimelinePolicy, chrome_trace, simulate_timeline
+from sim.machine.topology import ClusterSpec
 
 from .outdir import check_out, file_record, partial_dir, publish, save_figure
 from .scenario import Scenario, used_keys_dump

@@ -18,7 +18,7 @@ from experiments.algorithm_pool import algorithm_jobs, run_algorithms, usable_cp
 from experiments.cli import main
 from experiments.run import build
 from experiments.scenario import load_scenario
-from sim.errors import ConfigError, NonFiniteError, ResourceError, SparsimError
+from sim.base.errors import ConfigError, NonFiniteError, ResourceError, SparsimError
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="forked processes need os.fork")
 
@@ -194,7 +194,7 @@ def test_children_die_with_a_killed_parent(tmp_path):
 
 
 def test_prefetch_keeps_what_fits_and_draws_nothing_more(monkeypatch):
-    import sim.runner as R
+    import sim.engine.runner as R
 
     b = _built()
     w = b.workers

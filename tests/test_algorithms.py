@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.algorithms import AlgorithmSpec, sgd_step
-from sim.collectives import gtopk_rd, gtopk_tree, pof2_split
-from sim.compression import topk
-from sim.data import shard_indices
-from sim.drivers import run_lockstep
-from sim.network import PRESETS
-from sim.objectives import make_objective
-from sim.runner import Workers, run_algorithm
+from sim.comm.collectives import gtopk_rd, gtopk_tree, pof2_split
+from sim.comm.compression import topk
+from sim.workloads.data import shard_indices
+from sim.engine.drivers import run_lockstep
+from sim.machine.network import PRESETS
+from sim.workloads.objectives import make_objective
+from sim.engine.runner import Workers, run_algorithm
 
 SPARSE_SPECS = [
     ("topk", None, "exact"),
@@ -156,7 +156,7 @@ def test_reference_mask_loses_mass_where_exact_does_not():
 
 
 def _workers(P, b=4, seed=0, name="softmax"):
-    from sim.data import load_dataset
+    from sim.workloads.data import load_dataset
 
     obj = make_objective(name, dataset=load_dataset("digits"), lam=1e-3, mu=0.0)
     return obj, Workers(obj, shard_indices(obj.n, P, seed=seed), b, seed)
@@ -187,7 +187,7 @@ def test_dense_P_workers_equals_one_worker_with_batch_Pb():
         b = P * w.b
 
         def grad_fn(self, rank, t):
-            from sim.data import minibatch
+            from sim.workloads.data import minibatch
 
             idx = np.concatenate([minibatch(w.shards[r], w.b, w.seed, r, t) for r in range(P)])
             return lambda v: obj.batch_grad(v, idx)
@@ -225,8 +225,8 @@ def test_simpy_and_lockstep_drivers_compute_identical_numbers(spec):
 
 def test_simulated_iteration_time_is_compute_plus_closed_form():
     """With constant compute and zero compression costs, each iteration costs forward_backward_s + the collective."""
-    from sim.compute import ComputeModel
-    from sim.costs import gtopk_tree_time, ring_allreduce_time, topk_allgather_time
+    from sim.machine.compute import ComputeModel
+    from sim.comm.costs import gtopk_tree_time, ring_allreduce_time, topk_allgather_time
 
     P, k = 8, 6
     obj, w = _workers(P)
@@ -245,7 +245,7 @@ def test_simulated_iteration_time_is_compute_plus_closed_form():
 
 def test_backend_allreduce_is_rejected_by_the_simulated_drivers():
     """The torch-only fast path cannot be simulated message by message: a clear SparsimError, not a hang."""
-    from sim.errors import SparsimError
+    from sim.base.errors import SparsimError
 
     obj, w = _workers(2)
     spec = AlgorithmSpec("dense", collective="backend_allreduce")
@@ -303,7 +303,7 @@ def test_randk_seed_must_be_non_negative():
 
 
 def test_nan_gradient_names_worker_and_iteration():
-    from sim.errors import NonFiniteError
+    from sim.base.errors import NonFiniteError
 
     class NaNAtWorker2Iter3:
         objective = make_objective("sines", d=20, n=64, seed=0)
@@ -323,7 +323,7 @@ def test_nan_gradient_names_worker_and_iteration():
 
 def test_delta_is_zero_when_nothing_accumulated():
     """Issue #13: with sum_p acc_p = 0 and g = 0 Assumption 1 holds trivially: delta is 0, not NaN."""
-    from sim.runner import step_stats
+    from sim.engine.runner import step_stats
     from sim.algorithms import StepOutput
 
     d = 10

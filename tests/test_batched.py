@@ -2,7 +2,7 @@
 
 - ``Objective.batch_grads`` equals the stacked ``batch_grad`` calls bit for bit, for every objective (dense and
   CSR data), both shardings and both dtypes; ``loss_and_grad`` equals ``(loss, full_grad)``.
-- :class:`sim.runner.BatchedGradients`: one objective call per iteration, per-worker fallback when a replica's
+- :class:`sim.engine.runner.BatchedGradients`: one objective call per iteration, per-worker fallback when a replica's
   parameters differ; the default scenario's metrics.csv is byte-identical between the per-worker path (the code
   before the batching) and the batched path.
 - ``training.dtype = "float32"``: parameters, gradients, accumulators, residuals, updates and messages stay
@@ -19,11 +19,11 @@ import scipy.sparse as sp
 from click.testing import CliRunner
 
 from sim.algorithms import AlgorithmSpec
-from sim.data import Dataset, load_dataset, minibatch, shard_indices
-from sim.errors import ConfigError, SparsimError
-from sim.network import PRESETS
-from sim.objectives import make_objective
-from sim.runner import BatchedGradients, Workers, run_algorithm
+from sim.workloads.data import Dataset, load_dataset, minibatch, shard_indices
+from sim.base.errors import ConfigError, SparsimError
+from sim.machine.network import PRESETS
+from sim.workloads.objectives import make_objective
+from sim.engine.runner import BatchedGradients, Workers, run_algorithm
 
 
 def _dataset(*, sparse: bool, C: int, n: int = 60, p: int = 7, seed: int = 0) -> Dataset:
@@ -204,7 +204,7 @@ SPECS = [AlgorithmSpec("dense"), AlgorithmSpec("dense", collective="recursive_do
 @pytest.mark.parametrize("driver", ["simpy", "lockstep"])
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.label}-{s.collective}")
 def test_float32_stays_float32_and_replicas_stay_identical(spec, driver, monkeypatch):
-    import sim.cluster as cluster_mod
+    import sim.engine.cluster as cluster_mod
 
     obj = make_objective("double_well", d=400, n=64, seed=0).astype("float32")
     x0 = obj.x0(0)

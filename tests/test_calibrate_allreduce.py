@@ -1,7 +1,7 @@
 """``sparsim calibrate --pattern allreduce``: the fit of the simulator's ring allreduce to gloo's all_reduce.
 
 The fit (:func:`experiments.calibrate.fit_ring_allreduce`) recovers alpha and beta exactly from times that the
-simulator's closed form (:func:`sim.costs.ring_allreduce_time`, 2(P-1) alpha + 2(P-1)/P n beta) generates,
+simulator's closed form (:func:`sim.comm.costs.ring_allreduce_time`, 2(P-1) alpha + 2(P-1)/P n beta) generates,
 sizes divisible by P or not; a real quick run on P = 2 (gloo, loopback) writes a valid ``[cluster]`` preset
 with positive finite alpha and beta. Nothing is asserted about speed.
 """
@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from sim.costs import ring_allreduce_time
+from sim.comm.costs import ring_allreduce_time
 
 
 @pytest.mark.parametrize("P", [2, 3, 4, 8])
@@ -33,7 +33,7 @@ def test_fit_recovers_alpha_beta_of_the_closed_form(P, alpha, beta):
 
 def test_fit_rejects_one_rank():
     from experiments.calibrate import fit_ring_allreduce
-    from sim.errors import SparsimError
+    from sim.base.errors import SparsimError
 
     with pytest.raises(SparsimError, match="P >= 2"):
         fit_ring_allreduce(1, [(10, 1e-3), (1000, 2e-3)])
@@ -42,7 +42,7 @@ def test_fit_rejects_one_rank():
 def test_unknown_pattern_is_refused():
     pytest.importorskip("torch")
     from experiments.calibrate import calibrate
-    from sim.errors import SparsimError
+    from sim.base.errors import SparsimError
 
     with pytest.raises(SparsimError, match="allreduce"):
         calibrate(2, pattern="foo")
@@ -56,7 +56,7 @@ def test_quick_real_run_on_two_ranks_writes_a_preset(tmp_path):
     from click.testing import CliRunner
 
     from experiments.cli import main
-    from sim.network import NetworkSpec
+    from sim.machine.network import NetworkSpec
 
     out = tmp_path / "ar.toml"
     r = CliRunner().invoke(main, ["calibrate", "--pattern", "allreduce", "--nproc", "2", "--out", str(out),

@@ -247,7 +247,7 @@ def test_importing_plots_keeps_the_matplotlib_backend():
 
 def test_predict_takes_alpha_beta_or_a_calibration_file(tmp_path):
     """Issue #13: predict accepts a custom alpha / bandwidth or a calibrate output, like a scenario does."""
-    from sim.costs import ring_allreduce_time
+    from sim.comm.costs import ring_allreduce_time
 
     r = _run(["predict", "--alpha-s", "1e-4", "--bandwidth-Bps", "1.25e9", "--P", "8", "--collectives", "ring"])
     assert r.exit_code == 0, r.output

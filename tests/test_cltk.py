@@ -8,18 +8,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from sim import costs
+from sim.comm import costs
 from sim.algorithms import AlgorithmSpec, StepContext, get
 from sim.algorithms.cltk import leader
-from sim.compression import topk
-from sim.compute import ComputeModel
-from sim.data import shard_indices
-from sim.drivers import run_lockstep
-from sim.errors import ConfigError
-from sim.network import PRESETS
-from sim.objectives import make_objective
-from sim.runner import Workers, run_algorithm
-from sim.timing import closed_form_comm_s, simulate_timing
+from sim.comm.compression import topk
+from sim.machine.compute import ComputeModel
+from sim.workloads.data import shard_indices
+from sim.engine.drivers import run_lockstep
+from sim.base.errors import ConfigError
+from sim.machine.network import PRESETS
+from sim.workloads.objectives import make_objective
+from sim.engine.runner import Workers, run_algorithm
+from sim.engine.timing import closed_form_comm_s, simulate_timing
 
 NET = PRESETS["1GbE"]
 ALPHA, BETA = NET.end_to_end_alpha_beta()

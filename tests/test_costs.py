@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from sim import costs
-from sim.cluster import SimCluster
-from sim.collectives import bruck_allgather, gtopk_rd, gtopk_tree, rd_allreduce, ring_allreduce, topk_allgather_sum
-from sim.compression import topk
-from sim.network import NetworkSpec
+from sim.comm import costs
+from sim.engine.cluster import SimCluster
+from sim.comm.collectives import bruck_allgather, gtopk_rd, gtopk_tree, rd_allreduce, ring_allreduce, topk_allgather_sum
+from sim.comm.compression import topk
+from sim.machine.network import NetworkSpec
 
 PS = list(range(1, 17)) + [31, 32, 33]
 ALPHA, BETA = 0.436e-3, 9e-9  # the 1 GbE preset

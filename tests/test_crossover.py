@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from experiments import crossover as X
-from sim.costs import ceil_lg
+from sim.comm.costs import ceil_lg
 
 S = 8  # bytes per entry: 4-byte value + 4-byte index
 

@@ -1,4 +1,4 @@
-"""DDP communication hooks (sim/ddp_hooks.py) on real torch DDP processes (gloo on loopback).
+"""DDP communication hooks (sim/distributed/ddp_hooks.py) on real torch DDP processes (gloo on loopback).
 
 A 2-layer MLP on digits (four parameter tensors, float64, tiny DDP buckets so that a step has several buckets
 and DDP rebuilds them after the first) trained by DDP with the sparse hook (hook lr = alpha, SGD(lr=1.0))
@@ -9,7 +9,7 @@ with its own state carried from step to step:
 
 - the simulator: :func:`sim.algorithms.sgd_step` under the lock-step driver, step by step on the model vector
   in the order the hook saw it (buckets in DDP's order, as recorded), one segment per selection unit;
-- :func:`sim.torch_backend.run_worker` where the units do not depend on DDP's bucketing (scopes parameter
+- :func:`sim.distributed.backend.run_worker` where the units do not depend on DDP's bucketing (scopes parameter
   and model).
 
 Also: a checkpoint after 10 steps and a restart in new processes give, after 10 more, the model of 20
@@ -29,10 +29,10 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[torch]' (torch==2.13.0)")
 
 from sim.algorithms import AlgorithmSpec, names, sgd_step  # noqa: E402
-from sim.data import load_dataset, shard_indices  # noqa: E402
-from sim.drivers import run_lockstep  # noqa: E402
-from sim.runner import run_algorithm  # noqa: E402
-from sim.torch_backend import launch_local  # noqa: E402
+from sim.workloads.data import load_dataset, shard_indices  # noqa: E402
+from sim.engine.drivers import run_lockstep  # noqa: E402
+from sim.engine.runner import run_algorithm  # noqa: E402
+from sim.distributed.backend import launch_local  # noqa: E402
 
 T, LR, K = 4, 0.5, 40
 CAP_MB = 1e-4  # DDP buckets of one or two parameters (after the rebuild)
@@ -46,7 +46,7 @@ CASES = [(a, c, m, s, w)
 
 
 def _setup(P, dtype=None, hidden=12):
-    from sim.torch_models import ModuleWorkers, mlp
+    from sim.workloads.torch_models import ModuleWorkers, mlp
 
     ds = load_dataset("digits")
     X, y = ds.X[:300], ds.y[:300]
@@ -61,7 +61,7 @@ def _density(model) -> float:
 def _train(ddp, w, rank, steps, opt=None, xdtype=torch.float64, keep=True):
     """SGD(lr=1.0) steps ``steps`` (1-based iterations) of DDP on worker ``rank``'s batches; returns the
     flat parameters after each step (``keep``)."""
-    from sim.torch_models import flat_params
+    from sim.workloads.torch_models import flat_params
 
     opt = opt or torch.optim.SGD(ddp.parameters(), lr=1.0)
     Xt, yt = torch.as_tensor(w.X).to(xdtype), torch.as_tensor(w.y)
@@ -77,7 +77,7 @@ def _train(ddp, w, rank, steps, opt=None, xdtype=torch.float64, keep=True):
 
 
 def _case_state(pg, case, model, **kw):
-    from sim.ddp_hooks import SparseState
+    from sim.distributed.ddp_hooks import SparseState
 
     name, coll, mask, scope, wire = case
     return SparseState(pg, name, _density(model), collective=coll, mask=mask, scope=scope, wire=wire, lr=LR, **kw)
@@ -92,9 +92,9 @@ def equality_cases(ctx, P, group=None, grank=None):
     """Every case of CASES on this rank: (hook trajectory, layouts the hook saw, run_worker trajectory or None)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sim.ddp_hooks import sparse_hook
-    from sim.torch_backend import run_worker
-    from sim.torch_models import flat_params
+    from sim.distributed.ddp_hooks import sparse_hook
+    from sim.distributed.backend import run_worker
+    from sim.workloads.torch_models import flat_params
 
     rank = ctx.rank if grank is None else grank
     out = []
@@ -129,7 +129,7 @@ def equality_cases(ctx, P, group=None, grank=None):
 def _reference(P, case, layouts):
     """The simulator, step by step: sgd_step for every rank under the lock-step driver on the model vector
     permuted into the order the hook saw it (buckets in DDP's order), one segment per selection unit."""
-    from sim.torch_models import flat_params
+    from sim.workloads.torch_models import flat_params
 
     model, w = _setup(P)
     sizes = [p.numel() for p in model.parameters()]
@@ -181,7 +181,7 @@ def warmup_cases(ctx, P):
     Top-k hook selected per step under a density schedule."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sim.ddp_hooks import register_sparse_hook
+    from sim.distributed.ddp_hooks import register_sparse_hook
 
     out = []
     for dt in (torch.float64, torch.float32):
@@ -202,7 +202,7 @@ def warmup_cases(ctx, P):
 
 
 def _check_warmup(P, got):
-    from sim.ddp_hooks import SparseState
+    from sim.distributed.ddp_hooks import SparseState
 
     model, _ = _setup(P)
     sizes = [p.numel() for p in model.parameters()]
@@ -234,7 +234,7 @@ def first_half_job(ctx, P, tmpdir):
     state_dict; the randk case also pickles the whole state); plus the rest of the P = 2 checks."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sim.ddp_hooks import register_sparse_hook
+    from sim.distributed.ddp_hooks import register_sparse_hook
 
     full = []
     for c, (case, kw) in enumerate(zip(CKPT, CKPT_KW)):
@@ -257,8 +257,8 @@ def second_half_job(ctx, P, tmpdir):
     into another model, with another world size and on another rank (each must be refused)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sim.ddp_hooks import SparseState, register_sparse_hook
-    from sim.errors import ConfigError
+    from sim.distributed.ddp_hooks import SparseState, register_sparse_hook
+    from sim.base.errors import ConfigError
 
     out = []
     for c, (case, kw) in enumerate(zip(CKPT, CKPT_KW)):
@@ -292,7 +292,7 @@ def dtype_job(ctx, P):
     residual dtypes, gradient dtype) per dtype; losses in float32 on 300 samples."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sim.ddp_hooks import register_sparse_hook
+    from sim.distributed.ddp_hooks import register_sparse_hook
 
     out = []
     for dt in (torch.float32, torch.float16, torch.bfloat16):
@@ -360,7 +360,7 @@ def p3_job(ctx):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sim.ddp_hooks import register_sparse_hook
+    from sim.distributed.ddp_hooks import register_sparse_hook
 
     eq, warm = equality_cases(ctx, 3), warmup_cases(ctx, 3)
     group = dist.new_group([1, 2])
@@ -382,7 +382,7 @@ def test_p3_equality_warmup_and_subgroup():
     _check_equality(3, [g[0] for g in got])
     _check_warmup(3, [g[1] for g in got])
     # the sub-group {1, 2} trains as P = 2 (the simulator's layer-wise gTop-k), group rank 0 = global rank 1
-    from sim.torch_models import flat_params
+    from sim.workloads.torch_models import flat_params
 
     model, w = _setup(2)
     segs = tuple(p.numel() for p in model.parameters())

@@ -1,7 +1,7 @@
 """The torch operations of the asynchronous DDP hook equal the sans-I/O definitions bit for bit (float64 and
-float32), without processes: the merge (:func:`sim.compression.merge`), the gTop-k collectives replayed
-locally (:func:`sim.collectives.gtopk_tree` / :func:`~sim.collectives.gtopk_rd` under the lock-step driver:
-g on every rank and every rank's mask, both mask rules), the selection (:func:`sim.compression.topk`), the
+float32), without processes: the merge (:func:`sim.comm.compression.merge`), the gTop-k collectives replayed
+locally (:func:`sim.comm.collectives.gtopk_tree` / :func:`~sim.comm.collectives.gtopk_rd` under the lock-step driver:
+g on every rank and every rank's mask, both mask rules), the selection (:func:`sim.comm.compression.topk`), the
 state's options and errors, its schedules and its pickling. Inputs have ties and cancellations on purpose."""
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[torch]' (torch==2.13.0)")
 
-from sim.collectives import gtopk_rd, gtopk_tree, topk_allgather_sum  # noqa: E402
-from sim.compression import Sparse, merge, topk  # noqa: E402
-from sim.ddp_hooks import (SparseHookState, SparseState, dgc_warmup, gtopk_replay, merge_torch,  # noqa: E402
+from sim.comm.collectives import gtopk_rd, gtopk_tree, topk_allgather_sum  # noqa: E402
+from sim.comm.compression import Sparse, merge, topk  # noqa: E402
+from sim.distributed.ddp_hooks import (SparseHookState, SparseState, dgc_warmup, gtopk_replay, merge_torch,  # noqa: E402
                            register_hook_algorithm, select_topk)
-from sim.drivers import run_lockstep  # noqa: E402
-from sim.errors import ConfigError  # noqa: E402
+from sim.engine.drivers import run_lockstep  # noqa: E402
+from sim.base.errors import ConfigError  # noqa: E402
 
 
 def _sparse(rng, d, m, dtype, ties):
@@ -71,13 +71,13 @@ def test_gtopk_replay_is_the_collective(collective, exact, impl):
 
 
 def test_allgather_sum_in_rank_order_is_topk_allgather_sum():
-    """The hook's sum (:func:`sim.ddp_hooks._combine_into`: each rank's row added in rank order, padding slots
+    """The hook's sum (:func:`sim.distributed.ddp_hooks._combine_into`: each rank's row added in rank order, padding slots
     (0, +0.0), the division on the union or, when the rows are dense enough, on the whole buffer) equals
     topk_allgather_sum / P bit for bit; also with the torch operations the GPU runs (index_add_, division on
     the union)."""
     from types import SimpleNamespace
 
-    from sim.ddp_hooks import _combine_into, _divide
+    from sim.distributed.ddp_hooks import _combine_into, _divide
 
     state = SimpleNamespace(spec=SimpleNamespace(combine="sum"))
     rng = np.random.default_rng(2)
@@ -107,7 +107,7 @@ def test_allgather_sum_in_rank_order_is_topk_allgather_sum():
 
 
 def test_select_topk_is_topk_and_topk_torch():
-    from sim.torch_backend import topk_torch
+    from sim.comm.torch_kernels import topk_torch
 
     rng = np.random.default_rng(3)
     for dtype in (np.float64, np.float32):
@@ -188,7 +188,7 @@ def test_state_pickles_and_plugins_register():
     try:
         assert SparseState(algorithm="threshold1").collective == "allgather"
     finally:
-        from sim.ddp_hooks import HOOK_ALGORITHMS
+        from sim.distributed.ddp_hooks import HOOK_ALGORITHMS
 
         del HOOK_ALGORITHMS["threshold1"]
     with pytest.raises(ConfigError, match="combine = 'mean' is unknown"):
@@ -201,9 +201,9 @@ def gpu_job(ctx):
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sim.data import load_dataset
-    from sim.ddp_hooks import register_sparse_hook
-    from sim.torch_models import mlp
+    from sim.workloads.data import load_dataset
+    from sim.distributed.ddp_hooks import register_sparse_hook
+    from sim.workloads.torch_models import mlp
 
     ds = load_dataset("digits")
     X, y = torch.as_tensor(ds.X, dtype=torch.bfloat16, device="cuda"), torch.as_tensor(ds.y, device="cuda")
@@ -229,7 +229,7 @@ def gpu_job(ctx):
 def test_gpu_selection_merges_and_nccl_training():
     """On the GPU: the selection, merges and gTop-k replays equal the CPU's bit for bit (float64), and a
     bfloat16 model trains through DDP on NCCL with float32 residuals on the device."""
-    from sim.torch_backend import launch_local
+    from sim.distributed.backend import launch_local
 
     rng = np.random.default_rng(5)
     for trial in range(20):
@@ -254,11 +254,11 @@ def test_gpu_selection_merges_and_nccl_training():
 @pytest.mark.parametrize("mask", ["exact", "reference"])
 def test_gtopk_combine_of_all_units_at_once_is_per_unit(collective, mask):
     """The CPU gTop-k completion of a bucket of several parameters merges all of them at once
-    (:func:`sim.ddp_hooks._merge_units`): g / P, the residuals and the applied count equal, bit for bit, those of
+    (:func:`sim.distributed.ddp_hooks._merge_units`): g / P, the residuals and the applied count equal, bit for bit, those of
     each unit replayed alone (:func:`gtopk_replay` on the unit's selections, the collectives' result)."""
     from types import SimpleNamespace
 
-    from sim.ddp_hooks import _combine_into
+    from sim.distributed.ddp_hooks import _combine_into
 
     state = SimpleNamespace(spec=SimpleNamespace(combine="gtopk"), mask=mask, collective=collective)
     rng = np.random.default_rng(6)
@@ -300,8 +300,8 @@ def test_algorithm_state_checkpoints_as_plain_types(tmp_path):
     """The p2p wire's algorithm state (PowerSGD's RandomState and Q list, Ok-Topk's float thresholds and int64
     bounds, numpy scalars) round-trips through torch.save / torch.load(weights_only=True): same types, dtypes,
     values and generator stream; another type is one clear error."""
-    from sim.ddp_hooks import _from_plain, _to_plain
-    from sim.errors import SparsimError
+    from sim.distributed.ddp_hooks import _from_plain, _to_plain
+    from sim.base.errors import SparsimError
 
     rs = np.random.RandomState(7)
     rs.standard_normal(3)

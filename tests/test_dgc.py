@@ -16,9 +16,9 @@ from hypothesis.extra.numpy import arrays
 
 from sim.algorithms import AlgorithmSpec, StepContext, check_options, sgd_step
 from sim.algorithms.dgc import DGC_STREAM, PAPER_WARMUP_DENSITIES, sample_layout, sampled_select, warmup_k
-from sim.compression import topk
-from sim.drivers import run_lockstep
-from sim.errors import ConfigError
+from sim.comm.compression import topk
+from sim.engine.drivers import run_lockstep
+from sim.base.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "peers" / "dgc.npz"
@@ -297,9 +297,9 @@ def _torch_specs():
 
 
 def _torch_workers(P):
-    from sim.data import shard_indices
-    from sim.objectives import make_objective
-    from sim.runner import Workers
+    from sim.workloads.data import shard_indices
+    from sim.workloads.objectives import make_objective
+    from sim.engine.runner import Workers
 
     obj = make_objective("sines", d=2000, n=48, seed=3)
     return Workers(obj, shard_indices(obj.n, P, seed=3), 4, 3), obj.x0(3)
@@ -310,7 +310,7 @@ def _torch_lr(t):
 
 
 def _torch_job(ctx, P):
-    from sim.torch_backend import run_worker
+    from sim.distributed.backend import run_worker
 
     w, x0 = _torch_workers(ctx.P)
     return [run_worker(ctx.rank, ctx.P, s, w, T=5, lr=_torch_lr, x0=x0, transport=ctx.transport,
@@ -320,8 +320,8 @@ def _torch_job(ctx, P):
 def test_torch_backend_equals_the_simulator_with_sampling_warmup_and_clipping():
     """At d = 2000 the sampled threshold really samples (and selects varying counts); P = 2, float64."""
     pytest.importorskip("torch")
-    from sim.runner import run_algorithm
-    from sim.torch_backend import launch_local
+    from sim.engine.runner import run_algorithm
+    from sim.distributed.backend import launch_local
 
     P = 2
     got = launch_local(P, _torch_job, (P,), timeout_s=60.0)

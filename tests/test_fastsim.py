@@ -4,14 +4,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import costs
+from sim.comm import costs
 from sim.algorithms import AlgorithmSpec
-from sim.compute import ComputeModel
-from sim.errors import ConfigError
-from sim.fastsim import FastCluster, _fifo, simulate_timing_fast
-from sim.network import NetworkSpec, get_preset
-from sim.timing import resolve_engine, simulate_timing
-from sim.topology import ClusterSpec, get_cluster_preset
+from sim.machine.compute import ComputeModel
+from sim.base.errors import ConfigError
+from sim.engine.fastsim import FastCluster, _fifo
+from sim.engine.timing import simulate_timing_fast
+from sim.machine.network import NetworkSpec, get_preset
+from sim.engine.timing import resolve_engine, simulate_timing
+from sim.machine.topology import ClusterSpec, get_cluster_preset
 
 JITTER = ComputeModel(forward_backward_s=0.01, jitter="lognormal", jitter_scale=0.3, straggler_prob=0.2,
                       straggler_factor=3.0, merge_coeff_s=1e-9, reduce_coeff_s=1e-9, update_coeff_s=1e-10, seed=3)
@@ -69,7 +70,7 @@ def test_contended_rounds_are_replayed_event_by_event_and_stay_exact():
     """Recursive doubling on 3-GPU nodes sharing a NIC: a round's head reaches the NIC no later than one of
     the previous round's, so the step is replayed message by message in time order (the fallback that keeps
     the engine exact), and the result is still the message-level engine's."""
-    from sim.fastsim import fast_iteration
+    from sim.engine.fastsim import fast_iteration
 
     net = ClusterSpec(8, 3, "nvswitch", 5e-6, 100e9, 5e-5, 3e9, nics_per_node=1)
     spec = AlgorithmSpec("dense", collective="recursive_doubling")

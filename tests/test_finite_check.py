@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.algorithms.base import _check_finite
-from sim.errors import DIVERGENCE_LIMIT, NonFiniteError
+from sim.base.errors import DIVERGENCE_LIMIT, NonFiniteError
 
 
 def _reference_ok(arr: np.ndarray) -> bool:

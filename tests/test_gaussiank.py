@@ -12,14 +12,14 @@ from hypothesis.extra import numpy as hnp
 
 from sim.algorithms import AlgorithmSpec, StepContext, get
 from sim.algorithms.gaussiank import gaussian_threshold, gaussiank_select
-from sim.data import shard_indices
-from sim.drivers import run_lockstep
-from sim.errors import ConfigError
-from sim.network import PRESETS
-from sim.objectives import make_objective
-from sim.ops import Send, SendRecv
-from sim.runner import Workers, run_algorithm
-from sim.timing import closed_form_comm_s, simulate_timing
+from sim.workloads.data import shard_indices
+from sim.engine.drivers import run_lockstep
+from sim.base.errors import ConfigError
+from sim.machine.network import PRESETS
+from sim.workloads.objectives import make_objective
+from sim.base.ops import Send, SendRecv
+from sim.engine.runner import Workers, run_algorithm
+from sim.engine.timing import closed_form_comm_s, simulate_timing
 
 FIXTURE = Path(__file__).parent / "fixtures" / "peers" / "gaussiank.npz"
 

@@ -18,10 +18,10 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[torch]' (torch==2.13.0)")
 
 from sim.algorithms import AlgorithmSpec  # noqa: E402
-from sim.data import shard_indices  # noqa: E402
-from sim.objectives import make_objective  # noqa: E402
-from sim.runner import Workers, run_algorithm  # noqa: E402
-from sim.torch_backend import launch_local, run_worker  # noqa: E402
+from sim.workloads.data import shard_indices  # noqa: E402
+from sim.workloads.objectives import make_objective  # noqa: E402
+from sim.engine.runner import Workers, run_algorithm  # noqa: E402
+from sim.distributed.backend import launch_local, run_worker  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 N_GPU = torch.cuda.device_count() if torch.cuda.is_available() else 0

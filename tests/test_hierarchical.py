@@ -4,15 +4,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import collectives as C
-from sim import costs
-from sim.cluster import SimCluster
-from sim.compression import Sparse, topk
-from sim.drivers import run_lockstep
-from sim.errors import ConfigError, SparsimError
-from sim.fastsim import FastCluster
-from sim.ops import Recv, Send
-from sim.topology import CLUSTER_PRESETS, ClusterSpec, get_cluster_preset
+from sim.comm import collectives as C
+from sim.comm import costs
+from sim.engine.cluster import SimCluster
+from sim.comm.compression import Sparse, topk
+from sim.engine.drivers import run_lockstep
+from sim.base.errors import ConfigError, SparsimError
+from sim.engine.fastsim import FastCluster
+from sim.base.ops import Recv, Send
+from sim.machine.topology import CLUSTER_PRESETS, ClusterSpec, get_cluster_preset
 
 REL = 1e-12
 
@@ -305,7 +305,7 @@ def test_cluster_links_carry_one_message_per_rank_and_direction():
     the links' busy time is accounted."""
     import simpy
 
-    from sim.network import Network
+    from sim.machine.network import Network
 
     env = simpy.Environment()
     net = Network(env, 4, ClusterSpec(4, 1))

@@ -1,4 +1,4 @@
-"""sim.idx: the IDX reader on the real Fashion-MNIST files (compared with an independent gzip + struct reader) and on
+"""sim.workloads.idx: the IDX reader on the real Fashion-MNIST files (compared with an independent gzip + struct reader) and on
 small files written here, good and bad: every bad file or folder gives a one-line DataError naming the folder and
 the file, never another exception."""
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from sim import idx
-from sim.errors import ConfigError, DataError
-from sim.idx import DEFAULT_PATHS, IDX_FILES, IMAGE_DATASETS, ImageDataset, load_image_dataset, read_idx
+from sim.workloads import idx
+from sim.base.errors import ConfigError, DataError
+from sim.workloads.idx import DEFAULT_PATHS, IDX_FILES, IMAGE_DATASETS, ImageDataset, load_image_dataset, read_idx
 
 REAL = Path(DEFAULT_PATHS["fashion-mnist"])
 TRAIN_X, TRAIN_Y = IDX_FILES[("train", "images")], IDX_FILES[("train", "labels")]

@@ -18,16 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.algorithms import RANDK_STREAM, AlgorithmSpec, sgd_step
-from sim.cluster import SimCluster
-from sim.compression import Sparse, topk
-from sim.data import shard_indices
-from sim.drivers import run_lockstep
-from sim.errors import ConfigError, SparsimError
-from sim.network import PRESETS
-from sim.objectives import make_objective
-from sim.ops import Compute
-from sim.runner import Workers, run_algorithm, step_stats
-from sim.timeline import bucket_k
+from sim.engine.cluster import SimCluster
+from sim.comm.compression import Sparse, topk
+from sim.workloads.data import shard_indices
+from sim.engine.drivers import run_lockstep
+from sim.base.errors import ConfigError, SparsimError
+from sim.machine.network import PRESETS
+from sim.workloads.objectives import make_objective
+from sim.base.ops import Compute
+from sim.engine.runner import Workers, run_algorithm, step_stats
+from sim.engine.timeline import bucket_k
 
 NET = PRESETS["1GbE"]
 
@@ -194,7 +194,7 @@ def test_single_segment_equals_whole_model_simpy(which):
 
 
 def _workers(P, b=4, seed=0):
-    from sim.data import load_dataset
+    from sim.workloads.data import load_dataset
 
     obj = make_objective("softmax", dataset=load_dataset("digits"), lam=1e-3, mu=0.0)
     return obj, Workers(obj, shard_indices(obj.n, P, seed=seed), b, seed)
@@ -422,8 +422,10 @@ def test_run_rejects_segments_that_do_not_sum_to_d():
 
 
 def test_timing_only_mode_and_fast_engine_refuse_segments():
-    from sim.fastsim import FastCluster, fast_iteration, simulate_timing_fast
-    from sim.timing import closed_form_comm_s, random_selection, simulate_timing, timing_program
+    from sim.engine.fastsim import FastCluster, fast_iteration
+    from sim.engine.timing import simulate_timing_fast
+    from sim.comm.payloads import random_selection
+    from sim.engine.timing import closed_form_comm_s, simulate_timing, timing_program
 
     d, P = 100, 4
     for spec in (AlgorithmSpec("topk", k=10, segments=(50, 50)), AlgorithmSpec("gtopk", k=10, segments=(100,)),
@@ -463,7 +465,7 @@ def _const_lr(t):
 
 def layerwise_torch_job(ctx):
     """Per-rank body: every layer-wise spec for 4 iterations over gloo; the parameter trajectories."""
-    from sim.torch_backend import run_worker
+    from sim.distributed.backend import run_worker
 
     w, x0 = _torch_workers(ctx.P)
     return [run_worker(ctx.rank, ctx.P, spec, w, T=4, lr=_const_lr, x0=x0, transport=ctx.transport,
@@ -472,7 +474,7 @@ def layerwise_torch_job(ctx):
 
 def test_layerwise_torch_backend_bit_identical_to_lockstep():
     pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[torch]'")
-    from sim.torch_backend import launch_local
+    from sim.distributed.backend import launch_local
 
     P = 3
     got = launch_local(P, layerwise_torch_job, (), timeout_s=60.0)

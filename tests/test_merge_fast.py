@@ -15,19 +15,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sim.collectives as C
+import sim.comm.collectives as C
 from sim.algorithms import AlgorithmSpec
-from sim.compression import Sparse, densify, merge, topk
-from sim.data import shard_indices
-from sim.drivers import run_lockstep
-from sim.errors import SparsimError
-from sim.objectives import make_objective
-from sim.runner import Workers, run_algorithm
+from sim.comm.compression import Sparse, densify, merge, topk
+from sim.workloads.data import shard_indices
+from sim.engine.drivers import run_lockstep
+from sim.base.errors import SparsimError
+from sim.workloads.objectives import make_objective
+from sim.engine.runner import Workers, run_algorithm
 
 # ---------------------------------------------------------------- the former implementations (references)
 
 
-from sim.reference import ref_merge, ref_sum, ref_survive  # noqa: E402  (the former implementations)
+from sim.comm.reference import ref_merge, ref_sum, ref_survive  # noqa: E402  (the former implementations)
 
 
 def _same_bits(x: np.ndarray, y: np.ndarray) -> bool:
@@ -285,7 +285,7 @@ class _ZeroedWorkers:
     their selections there are empty (their accumulator stays exactly zero)."""
 
     def __init__(self, P: int, zero_on: dict):
-        from sim.data import load_dataset
+        from sim.workloads.data import load_dataset
 
         obj = make_objective("softmax", dataset=load_dataset("digits"), lam=1e-3, mu=0.0)
         self.objective = _PerWorkerObjective(obj)

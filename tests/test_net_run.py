@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from experiments.scenario import load_scenario
-from sim.errors import ConfigError
-from sim.timeline import Bucket, TimelineClock, TimelineResult, flat_segments
+from sim.base.errors import ConfigError
+from sim.engine.timeline import Bucket, TimelineClock, TimelineResult, flat_segments
 from sim.workloads.model import LayerCost, ParamTensor, Workload
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
@@ -107,7 +107,7 @@ def test_a_model_run_through_the_cli_is_timed_by_the_networks_timeline(tmp_path)
     from experiments.cli import main
     from experiments.run import build
     from experiments.scenario import load_scenario
-    from sim.timeline import simulate_timeline
+    from sim.engine.timeline import simulate_timeline
 
     out = tmp_path / "r"
     r = CliRunner().invoke(main, ["run", "--out", str(out), "--algorithms", "dense,gtopk", "--set", "training.iterations=4",
@@ -151,7 +151,7 @@ def test_activation_estimate_counts_the_images_in_flight():
     import torch
 
     from experiments.run_net import ACTIVATION_FACTOR, activation_bytes
-    from sim.nets import LOOP_MAX_THREADS, build_net
+    from sim.workloads.nets import LOOP_MAX_THREADS, build_net
 
     def sc(**kw):
         sets = {"model.name": "'resnet20'", "data.dataset": "'fashion-mnist'", "cluster.P": 4, "training.batch_size": 300,
@@ -177,7 +177,7 @@ def test_powersgd_exchanges_per_ddp_bucket_as_the_timeline_charges(tmp_path):
     """A [model] run's PowerSGD compressed the whole model as one matrix while the clock charged one per DDP bucket
     (LeNet-5, 0.05 MiB buckets); now its segments are the DDP buckets in flat order, and Horovod is refused."""
     from experiments.run import build
-    from sim.timeline import ddp_buckets, flat_segments
+    from sim.engine.timeline import ddp_buckets, flat_segments
 
     sets = ["model.name='lenet5'", "data.dataset='fashion-mnist'", "cluster.P=2", "training.batch_size=8",
             "workload.bucket_cap_mb=0.05", "algorithms=['dense', 'powersgd']"]

@@ -3,7 +3,7 @@
 1. Torch backend. The MLP (mlp-256), LeNet-5 and ResNet-20 (BatchNorm: the running statistics, used by the
    eval-mode accuracy columns, are rank 0's) at P = 2 and 3 with dense, DGC and PowerSGD (algorithms with state),
    Top-k and gTop-k (:data:`NETS`) run in P gloo processes by :func:`experiments.torch_run.run_built` (what ``sparsim
-   run --backend torch`` runs in each rank) and on the simulator by :func:`sim.runner.run_algorithm` with the
+   run --backend torch`` runs in each rank) and on the simulator by :func:`sim.engine.runner.run_algorithm` with the
    scenario's timeline clock (what ``sparsim run`` runs), float64, ``model.gradients = "loop"`` (the per-worker
    reference gradients). Both run directories are written by :func:`experiments.run.write_run_directory` and every
    value column of their metrics.csv is equal as text (floats are written in repr form: equal bit for bit). Not
@@ -13,14 +13,14 @@
    norm at b = 32); the test process pins it too. The MLP has a time budget: the backend runs each algorithm for the
    simulator's iteration count on the simulated clock, and its summary says the time columns are measured.
 
-2. DDP hook. A real ``DistributedDataParallel`` over the zoo network (:func:`sim.nets.build_net`, the scenario's seed)
+2. DDP hook. A real ``DistributedDataParallel`` over the zoo network (:func:`sim.workloads.nets.build_net`, the scenario's seed)
    in P gloo processes, each rank fed the simulator's mini-batches of the same scenario (``Workers.batch_indices``),
    plain SGD, against the simulator's run of that scenario with ``workload.sparse_policy = "bucket"`` (one selection
-   per DDP bucket, :func:`sim.timeline.ddp_buckets`; ``compression.value_bytes = 8`` = float64 gradients, the bytes
+   per DDP bucket, :func:`sim.engine.timeline.ddp_buckets`; ``compression.value_bytes = 8`` = float64 gradients, the bytes
    DDP's bucket caps count). DDP's first iteration has ONE bucket of every parameter (torch 2.13 buckets by the
    real gradient order only from the second iteration on); the simulator selects per rebuilt bucket from the first
    iteration, so each DDP model first takes one backward without a step and without the hook, model and buffers
-   unchanged (:func:`sim.ddp_hooks.settle_buckets`), after which its buckets are the simulator's segments. Then:
+   unchanged (:func:`sim.distributed.ddp_hooks.settle_buckets`), after which its buckets are the simulator's segments. Then:
 
    - Top-k and gTop-k hooks (scope "bucket", the hook's ``lr`` = alpha, ``SGD(lr=1)``): equal bit for bit, every rank,
      every iteration; for ResNet-20 also rank 0's BatchNorm running statistics;
@@ -96,7 +96,7 @@ def _write_idx(path, a: np.ndarray) -> None:
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     """A folder with the first N_TRAIN training and N_TEST test images and labels of Fashion-MNIST."""
-    from sim.idx import load_image_dataset
+    from sim.workloads.idx import load_image_dataset
 
     ds = load_image_dataset("fashion-mnist", FMNIST if HAVE_DATA else "")
     d = tmp_path_factory.mktemp("fmnist-subset")
@@ -139,9 +139,9 @@ def _ddp_case(ctx, sc, built, algorithm, where):
     after each step, the buckets of each step as parameter positions, rank 0's buffers after the last step)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sim.ddp_hooks import SparseState, settle_buckets, sparse_hook
-    from sim.nets import build_net
-    from sim.torch_models import flat_params
+    from sim.distributed.ddp_hooks import SparseState, settle_buckets, sparse_hook
+    from sim.workloads.nets import build_net
+    from sim.workloads.torch_models import flat_params
 
     obj = built.objective
     X, y = obj._X, obj._y  # the normalised images and labels the simulator's workers read (NetObjective's own)
@@ -185,9 +185,9 @@ def _first_iteration_buckets(ctx, sc):
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sim.ddp_hooks import settle_buckets
-    from sim.errors import ConfigError
-    from sim.nets import build_net
+    from sim.distributed.ddp_hooks import settle_buckets
+    from sim.base.errors import ConfigError
+    from sim.workloads.nets import build_net
 
     ddp = DDP(build_net(sc.model.name, seed=sc.seed, dtype=sc.training.dtype), bucket_cap_mb=sc.workload.bucket_cap_mb)
     pos = {id(p): i for i, p in enumerate(ddp.module.parameters())}
@@ -238,8 +238,8 @@ def runs(request, tmp_path_factory, data_dir):
     from concurrent.futures import ThreadPoolExecutor
 
     from experiments.run import build, torch_backend_info, write_run_directory
-    from sim.runner import run_algorithm
-    from sim.torch_backend import launch_local
+    from sim.engine.runner import run_algorithm
+    from sim.distributed.backend import launch_local
 
     P = request.param
     budget = _budget(P, data_dir)
@@ -358,7 +358,7 @@ _MODULES = {}
 
 
 def _module(name):
-    from sim.nets import build_net
+    from sim.workloads.nets import build_net
 
     if name not in _MODULES:
         _MODULES[name] = build_net(name)

@@ -1,4 +1,4 @@
-"""sim.nets: the zoo's parameter counts against closed forms by hand, NetObjective's gradients against independent
+"""sim.workloads.nets: the zoo's parameter counts against closed forms by hand, NetObjective's gradients against independent
 torch computations (vmap vs the per-worker loop, the loop vs a plain module's ``loss.backward()``), BatchNorm's
 per-worker normalisation and rank 0's running statistics, evaluate() against an independent eval-mode accuracy,
 the image normalisation, bad input (one-line ConfigError), and bad [model] runs through the CLI on the real data.
@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch")
 from click.testing import CliRunner  # noqa: E402
 from torch import nn  # noqa: E402
 
-from sim.errors import ConfigError  # noqa: E402
-from sim.nets import BATCHED_RTOL, GRADIENT_MODES, NET_PARAMS, NET_ZOO, NetObjective, build_net  # noqa: E402
+from sim.base.errors import ConfigError  # noqa: E402
+from sim.workloads.nets import BATCHED_RTOL, GRADIENT_MODES, NET_PARAMS, NET_ZOO, NetObjective, build_net  # noqa: E402
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
 HAVE_DATA = os.path.isdir(FMNIST)
@@ -110,7 +110,7 @@ def _buffers(module):
 
 
 class one_thread:
-    """torch at one intra-op thread inside the block (the objective computes with one: sim.nets)."""
+    """torch at one intra-op thread inside the block (the objective computes with one: sim.workloads.nets)."""
 
     def __enter__(self):
         self.n = torch.get_num_threads()
@@ -341,7 +341,7 @@ def test_evaluate_equals_an_independent_eval_mode_accuracy(name):
 def test_evaluate_on_fashion_mnist_after_training_steps():
     """mlp-256 on 2048 real training images: 40 SGD steps of the mean of P = 4 worker gradients lift the accuracy
     far above chance, and evaluate() agrees with argmax accuracy computed here."""
-    from sim.idx import load_image_dataset
+    from sim.workloads.idx import load_image_dataset
 
     ds = load_image_dataset("fashion-mnist", FMNIST)
     Xtr, ytr, Xte, yte = ds.X_train[:2048], ds.y_train[:2048], ds.X_test[:1000], ds.y_test[:1000]
@@ -378,7 +378,7 @@ def test_normalisation_uses_the_training_statistics():
 
 @needs_data
 def test_normalised_fashion_mnist_has_mean_zero_std_one():
-    from sim.idx import load_image_dataset
+    from sim.workloads.idx import load_image_dataset
 
     ds = load_image_dataset("fashion-mnist", FMNIST)
     raw = ds.X_train / 255.0
@@ -495,8 +495,8 @@ def test_modules_the_flat_vector_cannot_train_are_refused(make, match):
     pytest.importorskip("torch")
     from torch import nn
 
-    from sim.errors import ConfigError
-    from sim.nets import NetObjective
+    from sim.base.errors import ConfigError
+    from sim.workloads.nets import NetObjective
 
     X = np.zeros((8, 28, 28), dtype=np.uint8)
     X[:, 3, 3] = 255

@@ -1,4 +1,4 @@
-"""Tests of sim.network (SimPy link model) and sim.compute (compute model) against exact values.
+"""Tests of sim.machine.network (SimPy link model) and sim.machine.compute (compute model) against exact values.
 
 Oracles: ASTRA-sim congestion-aware backend integer-ns values and the alpha-beta closed forms
 (docs/costs.md), nccl-tests busbw convention.
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import simpy
 
-from sim.compute import ComputeModel
-from sim.errors import ConfigError, SparsimError
-from sim.network import PRESETS, Network, NetworkSpec, busbw, get_preset
+from sim.machine.compute import ComputeModel
+from sim.base.errors import ConfigError, SparsimError
+from sim.machine.network import PRESETS, Network, NetworkSpec, busbw, get_preset
 
 GIB = 2**30
 MIB = 2**20

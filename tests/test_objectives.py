@@ -1,4 +1,4 @@
-"""Tests for sim.data and sim.objectives: gradients, batch means, constants, sharding, loading."""
+"""Tests for sim.workloads.data and sim.workloads.objectives: gradients, batch means, constants, sharding, loading."""
 from __future__ import annotations
 
 import math
@@ -8,9 +8,9 @@ import pytest
 import scipy.sparse as sp
 from sklearn.datasets import dump_svmlight_file
 
-from sim.data import Dataset, load_dataset, minibatch, shard_indices
-from sim.errors import ConfigError, DataError, SparsimError
-from sim.objectives import OBJECTIVES, make_objective
+from sim.workloads.data import Dataset, load_dataset, minibatch, shard_indices
+from sim.base.errors import ConfigError, DataError, SparsimError
+from sim.workloads.objectives import OBJECTIVES, make_objective
 
 
 # ------------------------------------------------------------------------------------ fixtures

@@ -14,15 +14,15 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import costs
+from sim.comm import costs
 from sim.algorithms import AlgorithmSpec, StepContext, check_options
 from sim.algorithms.oktopk import balance_and_allgatherv
-from sim.cluster import SimCluster
-from sim.compression import Sparse, topk
-from sim.drivers import run_lockstep
-from sim.errors import ConfigError
-from sim.network import NetworkSpec, PRESETS
-from sim.timing import closed_form_comm_s
+from sim.engine.cluster import SimCluster
+from sim.comm.compression import Sparse, topk
+from sim.engine.drivers import run_lockstep
+from sim.base.errors import ConfigError
+from sim.machine.network import NetworkSpec, PRESETS
+from sim.engine.timing import closed_form_comm_s
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "peers" / "oktopk.npz"
@@ -210,7 +210,7 @@ def test_balance_gives_every_rank_an_equal_block_and_every_rank_everything(P, co
 def test_a_balanced_filter_step_takes_the_closed_form(P):
     """A real filter step that meets the timing-only assumption (every rank kr = ceil(k/P) entries above its
     threshold in every region, kr global entries per region, no threshold raise) takes exactly
-    :func:`sim.costs.oktopk_time` on a contention-free network: the timing mode is a case of the numerics."""
+    :func:`sim.comm.costs.oktopk_time` on a contention-free network: the timing mode is a case of the numerics."""
     d, k = 20 * P, 3 * P
     kr = -(-k // P)
     spec = AlgorithmSpec("oktopk", k=k)
@@ -253,9 +253,9 @@ def test_closed_form_against_the_papers_bound():
 
 
 def test_a_run_converges_with_every_rank_equal_and_mass_exact():
-    from sim.data import shard_indices
-    from sim.objectives import make_objective
-    from sim.runner import Workers, run_algorithm
+    from sim.workloads.data import shard_indices
+    from sim.workloads.objectives import make_objective
+    from sim.engine.runner import Workers, run_algorithm
 
     obj = make_objective("sines", d=24, n=48, seed=1)
     w, x0 = Workers(obj, shard_indices(obj.n, 4, seed=1), 4, 1), obj.x0(1)

@@ -25,10 +25,10 @@ from hypothesis import HealthCheck, assume, event, find, given, settings
 from hypothesis import strategies as st
 
 from sim.algorithms import AlgorithmSpec, sgd_step
-from sim.collectives import gtopk_rd, gtopk_tree
-from sim.compression import Sparse, merge, randk, topk
-from sim.drivers import run_lockstep
-from sim.runner import step_stats
+from sim.comm.collectives import gtopk_rd, gtopk_tree
+from sim.comm.compression import Sparse, merge, randk, topk
+from sim.engine.drivers import run_lockstep
+from sim.engine.runner import step_stats
 
 EPS = 2.0 ** -52
 TINY = 2.0 ** -1074  # smallest subnormal
@@ -379,7 +379,7 @@ def test_assumption1_holds_for_one_worker(case, collective):
     assert np.array_equal(g, topk(x, k).to_dense())
     dl = exact_delta(xs, g, k)
     assert dl is None or dl <= 1
-    from sim.errors import DIVERGENCE_LIMIT
+    from sim.base.errors import DIVERGENCE_LIMIT
 
     if float(np.max(np.abs(x))) > DIVERGENCE_LIMIT:  # sgd_step stops a run whose gradient is beyond the limit
         return

@@ -1,7 +1,7 @@
 """PowerSGD (sim/algorithms/powersgd.py) against torch's own ``powerSGD_hook``, bit for bit in float64, and the
 paper's properties.
 
-The torch side runs in two gloo processes (:func:`sim.torch_backend.launch_local`) with
+The torch side runs in two gloo processes (:func:`sim.distributed.backend.launch_local`) with
 ATEN_CPU_CAPABILITY=default, so torch's reductions use the kernels this module reproduces whatever vector unit the
 machine has (AVX-512 builds fuse multiply-adds in the rank-1 column norm): a real DistributedDataParallel model
 with torch's hook registered (several buckets, several tensors per bucket, several steps, warm start, error
@@ -18,14 +18,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim import collectives as C
+from sim.comm import collectives as C
 from sim.algorithms import AlgorithmSpec, get
 from sim.algorithms import powersgd as ps
 from sim.algorithms.base import sgd_step
-from sim.drivers import run_lockstep
-from sim.errors import ConfigError
-from sim.network import PRESETS
-from sim.timing import closed_form_comm_s, simulate_timing
+from sim.engine.drivers import run_lockstep
+from sim.base.errors import ConfigError
+from sim.machine.network import PRESETS
+from sim.engine.timing import closed_form_comm_s, simulate_timing
 
 W = 2  # ranks of the torch runs
 SEED = 7
@@ -103,8 +103,8 @@ def test_closed_form_equals_timing_and_fast_engine_when_compressed(P):
 
 def test_timing_only_equals_the_real_exchange_with_compute():
     """Timing-only mode yields the numerics' operations: same simulated time under a compute model."""
-    from sim.cluster import SimCluster
-    from sim.compute import ComputeModel
+    from sim.engine.cluster import SimCluster
+    from sim.machine.compute import ComputeModel
 
     net = PRESETS["1GbE"]
     cm = ComputeModel(forward_backward_s=1e-3)
@@ -281,7 +281,7 @@ def torch_job(ctx):
 @pytest.fixture(scope="module")
 def torch_logs():
     pytest.importorskip("torch")
-    from sim.torch_backend import launch_local
+    from sim.distributed.backend import launch_local
 
     mp = pytest.MonkeyPatch()
     mp.setenv("ATEN_CPU_CAPABILITY", "default")  # the spawned ranks' torch: no AVX-512 FMA in its norms

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from sim.algorithms import REGISTRY, AlgorithmSpec, get, resolve
-from sim.data import shard_indices
-from sim.errors import ConfigError
-from sim.network import PRESETS
-from sim.objectives import make_objective
-from sim.runner import Workers, run_algorithm
-from sim.timing import closed_form_comm_s, simulate_timing
+from sim.workloads.data import shard_indices
+from sim.base.errors import ConfigError
+from sim.machine.network import PRESETS
+from sim.workloads.objectives import make_objective
+from sim.engine.runner import Workers, run_algorithm
+from sim.engine.timing import closed_form_comm_s, simulate_timing
 
 NET = PRESETS["1GbE"]
 ALPHA, BETA = NET.end_to_end_alpha_beta()

@@ -1,7 +1,7 @@
-"""Trace replay (sim.replay): measured local time in, network-model time out, with exact closed forms.
+"""Trace replay (sim.engine.replay): measured local time in, network-model time out, with exact closed forms.
 
 A replay with zero-length local segments is the bare network model, so each rank's predicted
-communication time equals the collective's closed form (sim.costs). A rank that starts delta seconds
+communication time equals the collective's closed form (sim.comm.costs). A rank that starts delta seconds
 late makes its exchange partner wait exactly delta more. Local segments are accounted to their
 categories unchanged. A trace that does not fit the program is an error, not a silent mis-replay.
 """
@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 
 from sim.algorithms import AlgorithmSpec, sgd_step
-from sim.costs import ring_allreduce_time, topk_allgather_time
-from sim.data import shard_indices
-from sim.drivers import run_lockstep
-from sim.errors import SparsimError
-from sim.network import NetworkSpec
-from sim.objectives import make_objective
-from sim.ops import signature
-from sim.replay import StepTrace, replay
-from sim.runner import Workers
+from sim.comm.costs import ring_allreduce_time, topk_allgather_time
+from sim.workloads.data import shard_indices
+from sim.engine.drivers import run_lockstep
+from sim.base.errors import SparsimError
+from sim.machine.network import NetworkSpec
+from sim.workloads.objectives import make_objective
+from sim.base.ops import signature
+from sim.engine.replay import StepTrace, replay
+from sim.engine.runner import Workers
 
 ALPHA, BETA = 3e-4, 2e-9
 NET = NetworkSpec.from_alpha_beta(ALPHA, BETA, "star")

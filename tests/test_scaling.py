@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from experiments.cli import main
 from experiments.scaling import MODELS, crossover_closed_form, crossover_simulated
-from sim.network import PRESETS
+from sim.machine.network import PRESETS
 
 #: Stated tolerance: the simulated gTop-k/dense efficiency ratio of ResNet-50 at P = 32 lies within 20% of the
 #: published 3.65x (simulated 3.16x, -14%: the model's dense ring is slower than measured at small P and
@@ -31,7 +31,7 @@ def test_quick_scaling(tmp_path):
         assert (out / name).stat().st_size > 0
     rows = _csv(out / "scaling.csv")
     assert {int(x["P"]) for x in rows} == {4, 8, 16, 32} and {x["model"] for x in rows} == {"ResNet-50"}
-    for x in rows:  # timing-only simulation = the sim.costs closed form of each collective
+    for x in rows:  # timing-only simulation = the sim.comm.costs closed form of each collective
         assert abs(float(x["comm_rel_diff"])) < 1e-9
     eff = {(x["variant"], int(x["P"])): float(x["efficiency_pct"]) for x in rows}
     # headline: ordering at P = 32 and the gTop-k/dense ratio within the stated tolerance of the published 3.65x
@@ -113,8 +113,8 @@ def test_plan_simulates_up_to_16384():
 def test_one_node_dense_ring_is_intra_node():
     """P = 4 on gtopk-icdcs is one node: the ring runs on PCIe, alpha_i = 10 us, beta_i = 1 ns/byte."""
     from experiments.scaling import simulate_case, simulate_cluster_case
-    from sim.costs import ring_allreduce_time
-    from sim.topology import get_cluster_preset
+    from sim.comm.costs import ring_allreduce_time
+    from sim.machine.topology import get_cluster_preset
 
     cl = get_cluster_preset("gtopk-icdcs", 4)
     ai, bi = cl.intra_alpha_beta()
@@ -138,9 +138,9 @@ def test_one_node_dense_ring_is_intra_node():
 def test_cluster_cases_equal_message_level_engine(variant):
     """Two nodes (P = 8), the shared NIC contended: the fast engine's times are the message-level engine's."""
     from experiments.scaling import SELECT_COEFF_S, simulate_cluster_case, variant_spec
-    from sim.compute import ComputeModel
-    from sim.timing import simulate_timing
-    from sim.topology import get_cluster_preset
+    from sim.machine.compute import ComputeModel
+    from sim.engine.timing import simulate_timing
+    from sim.machine.topology import get_cluster_preset
 
     m = MODELS["ResNet-20"]
     row = simulate_cluster_case("ResNet-20", variant, 8)
@@ -163,7 +163,7 @@ def test_topk_allgather_queues_on_the_shared_nic():
 
 def test_variant_spec_errors_one_line():
     from experiments.scaling import variant_spec
-    from sim.errors import SparsimError
+    from sim.base.errors import SparsimError
 
     with pytest.raises(SparsimError, match=r"^variant = 'ring' is unknown: valid dense, .*gtopk_hier, randk"):
         variant_spec("ring", 10)
@@ -255,10 +255,10 @@ def test_overlap_without_overlap_equals_the_scaling_model(network):
     scaling.csv / cluster.csv (compute, then selection, then one collective)."""
     from experiments.scaling import (NETWORK, SELECT_COEFF_S, icdcs_workload, overlap_k, simulate_overlap_case,
                                      variant_spec)
-    from sim.compute import ComputeModel
-    from sim.network import get_preset
-    from sim.timing import simulate_timing
-    from sim.topology import get_cluster_preset
+    from sim.machine.compute import ComputeModel
+    from sim.machine.network import get_preset
+    from sim.engine.timing import simulate_timing
+    from sim.machine.topology import get_cluster_preset
 
     for name in ("ResNet-20", "VGG-16", "ResNet-50"):
         m, d = MODELS[name], icdcs_workload(name).d
@@ -280,8 +280,8 @@ def test_ddp_overlap_bounds():
     than one allreduce after backward except where the extra buckets' 2(P-1) alpha outweighs the overlap
     (ResNet-20 at P >= 8: 1 MiB first bucket = 97% of its 269,722 parameters, ready late in backward)."""
     from experiments.scaling import PUBLISHED_P, icdcs_workload, simulate_overlap_case
-    from sim.costs import ring_allreduce_time
-    from sim.timeline import ddp_buckets
+    from sim.comm.costs import ring_allreduce_time
+    from sim.engine.timeline import ddp_buckets
 
     a, b = PRESETS["1GbE"].end_to_end_alpha_beta()
     for name in MODELS:
@@ -310,7 +310,7 @@ def test_ddp_overlap_bounds():
 
 def test_overlap_case_errors_one_line():
     from experiments.scaling import simulate_overlap_case
-    from sim.errors import SparsimError
+    from sim.base.errors import SparsimError
 
     with pytest.raises(SparsimError, match=r"^\(algorithm, policy\) = \('gtopk', 'ddp'\) is not simulated: valid "):
         simulate_overlap_case("ResNet-50", "flat", "gtopk", "ddp", 4)

@@ -1,4 +1,4 @@
-"""Top-k selection on a torch device (issue #12 item 1): ``sim.compression.selection_device`` and the torch
+"""Top-k selection on a torch device (issue #12 item 1): ``sim.comm.compression.selection_device`` and the torch
 backend's ``torch.select_device``.
 
 On a machine without a GPU the device path is exercised with torch on the CPU, which runs the same code
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sim.compression as C
-from sim.compression import selection_device, topk
-from sim.errors import ConfigError, NonFiniteError
+import sim.comm.compression as C
+from sim.comm.compression import selection_device, topk
+from sim.base.errors import ConfigError, NonFiniteError
 
 torch = pytest.importorskip("torch")
 
@@ -56,7 +56,7 @@ def test_device_selection_equals_topk_with_many_ties(pattern, k, f32):
 
 
 def test_routing_only_large_vectors_and_the_setting_is_restored(monkeypatch):
-    import sim.torch_backend as TB
+    import sim.comm.torch_kernels as TB
 
     calls = []
     real = TB.topk_torch
@@ -95,7 +95,7 @@ def test_device_selection_rejects_nan_with_the_same_message():
 
 
 def test_resolve_select_device():
-    from sim.torch_backend import resolve_select_device
+    from sim.distributed.backend import resolve_select_device
 
     assert resolve_select_device("cpu", 3) is None
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -116,10 +116,10 @@ def _numbers(rows):
 
 def _run(select_device, algo):
     from sim.algorithms import AlgorithmSpec
-    from sim.objectives import make_objective
-    from sim.data import shard_indices
-    from sim.runner import Workers
-    from sim.torch_backend import run_worker
+    from sim.workloads.objectives import make_objective
+    from sim.workloads.data import shard_indices
+    from sim.engine.runner import Workers
+    from sim.distributed.backend import run_worker
 
     obj = make_objective("double_well", d=D, n=64, seed=5)
     w = Workers(obj, shard_indices(obj.n, 1, seed=5), 4, 5)
@@ -130,7 +130,7 @@ def _run(select_device, algo):
 
 @pytest.mark.parametrize("algo", ["topk", "gtopk"])
 def test_torch_backend_rank_with_device_selection_writes_the_same_rows(algo, monkeypatch):
-    import sim.torch_backend as TB
+    import sim.comm.torch_kernels as TB
 
     calls = []
     real = TB.topk_torch

@@ -88,9 +88,9 @@ def test_a_quantum_that_truncates_a_hop_to_zero_is_an_error_when_simulated(tmp_p
 
 
 def test_compute_model_limits_in_the_library():
-    from sim.compute import ComputeModel
-    from sim.errors import ConfigError
-    from sim.network import NetworkSpec
+    from sim.machine.compute import ComputeModel
+    from sim.base.errors import ConfigError
+    from sim.machine.network import NetworkSpec
 
     with pytest.raises(ConfigError, match=r"forward_backward_s = 1e\+308 is out of range: valid .*<= 3600"):
         ComputeModel(forward_backward_s=1e308)
@@ -145,7 +145,7 @@ def test_numerics_unchanged_below_the_limits(tmp_path):
     """The checks only read: a normal run gives the same rows as the lock-step reference driver."""
     from experiments.run import build
     from experiments.scenario import load_scenario
-    from sim.runner import run_algorithm
+    from sim.engine.runner import run_algorithm
 
     sc = load_scenario(None, ["training.iterations=5"])
     b = build(sc)
@@ -167,7 +167,7 @@ def test_a_run_that_does_not_fit_in_memory_is_refused_before_allocating(tmp_path
 def test_memory_estimate_names_estimate_and_available(monkeypatch):
     from experiments import resources
     from experiments.scenario import load_scenario
-    from sim.errors import ResourceError
+    from sim.base.errors import ResourceError
 
     sc = load_scenario(None, ["data.objective=double_well", "cluster.P=16", "data.d=100000"])
     info = resources.check_resources(sc, 100_000, 8 * 10**6, available=10**12)
@@ -190,7 +190,7 @@ def test_too_much_work_needs_yes(tmp_path, monkeypatch):
     from experiments import resources
     from experiments.run import run_scenario
     from experiments.scenario import load_scenario
-    from sim.errors import ResourceError
+    from sim.base.errors import ResourceError
 
     monkeypatch.setattr(resources, "MAX_WORK", 10.0)
     sc = load_scenario(None, ["training.iterations=3", "algorithms=gtopk"])
@@ -243,8 +243,8 @@ def test_a_feature_of_1e300_is_a_data_error_with_file_line_and_feature(tmp_path)
 def test_data_magnitude_checked_for_every_data_set():
     import scipy.sparse as sp
 
-    from sim.data import DATA_ABS_MAX, Dataset, check_finite
-    from sim.errors import DataError
+    from sim.workloads.data import DATA_ABS_MAX, Dataset, check_finite
+    from sim.base.errors import DataError
 
     X = np.zeros((3, 4))
     X[2, 1] = -1e200
@@ -282,7 +282,7 @@ def test_a_key_the_schedule_does_not_step_with_is_an_error(sets, unused, users):
     """corollary2 ignored training.lr (the run stepped with theta sqrt(B/T) = 0.2530) while summary.json recorded
     lr = 0.1; a key the run does not use is an error naming the schedules that use it."""
     from experiments.scenario import load_scenario
-    from sim.errors import ConfigError
+    from sim.base.errors import ConfigError
 
     with pytest.raises(ConfigError, match=rf"{unused}: unused by schedule .*{unused} is used by schedule = {users}"):
         load_scenario(None, sets)

@@ -1,4 +1,4 @@
-"""SparCML's sparse allreduce (sim/algorithms/sparcml.py, sim/collectives.py ssar_*; Renggli et al. SC 2019):
+"""SparCML's sparse allreduce (sim/algorithms/sparcml.py, sim/comm/collectives.py ssar_*; Renggli et al. SC 2019):
 checked against the authors' C++/MPI code's recorded results (tests/fixtures/peers/sparcml.npz, written by
 benchmarks/peers/sparcml_peer.py), against a dense reference summed in the order the merges produce, against its
 switch-to-dense rule message by message, and its closed forms against the paper's worst-case cost and the
@@ -13,16 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import collectives as C
-from sim import costs
+from sim.comm import collectives as C
+from sim.comm import costs
 from sim.algorithms import AlgorithmSpec, StepContext, check_options
 from sim.algorithms.sparcml import PhantomStream, PhantomStreams
-from sim.compression import Sparse, topk
-from sim.drivers import run_lockstep
-from sim.errors import ConfigError
-from sim.network import PRESETS
-from sim.ops import Send, SendRecv
-from sim.timing import closed_form_comm_s, simulate_timing
+from sim.comm.compression import Sparse, topk
+from sim.engine.drivers import run_lockstep
+from sim.base.errors import ConfigError
+from sim.machine.network import PRESETS
+from sim.base.ops import Send, SendRecv
+from sim.engine.timing import closed_form_comm_s, simulate_timing
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "peers" / "sparcml.npz"

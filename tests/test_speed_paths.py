@@ -18,16 +18,16 @@ import math
 import numpy as np
 import pytest
 
-import sim.runner as runner_mod
+import sim.engine.runner as runner_mod
 from sim.algorithms import REGISTRY, AlgorithmSpec
-from sim.cluster import SimCluster
-from sim.compute import ComputeModel
-from sim.data import shard_indices
-from sim.errors import SparsimError
-from sim.network import PRESETS, NetworkSpec
-from sim.objectives import make_objective
-from sim.ops import Compute, Recv, Send, SendRecv
-from sim.runner import Workers, run_algorithm
+from sim.engine.cluster import SimCluster
+from sim.machine.compute import ComputeModel
+from sim.workloads.data import shard_indices
+from sim.base.errors import SparsimError
+from sim.machine.network import PRESETS, NetworkSpec
+from sim.workloads.objectives import make_objective
+from sim.base.ops import Compute, Recv, Send, SendRecv
+from sim.engine.runner import Workers, run_algorithm
 
 NETS = {
     "star-1GbE": PRESETS["1GbE"],
@@ -97,7 +97,7 @@ def test_one_event_per_message_equals_hop_by_hop(net, P):
         for cl in clusters:
             rng = np.random.default_rng(seed)
             runs = []
-            for it in range(3):  # one cluster, several program sets one after the other (as sim.timing runs them)
+            for it in range(3):  # one cluster, several program sets one after the other (as sim.engine.timing runs them)
                 plan = _plan(P, 12, seed * 10 + it)
                 offsets = rng.random(P) * 1e-3 if it == 1 else None
                 res, finish = cl.run_programs([_program(r, P, plan) for r in range(P)], it + 1, offsets=offsets)
@@ -214,7 +214,7 @@ def test_save_figure_writes_the_bytes_savefig_writes_with_the_layout_placeholder
 def test_digits_read_without_sklearn_equal_load_digits_bit_for_bit():
     from sklearn.datasets import load_digits
 
-    from sim.data import _digits_raw, load_dataset
+    from sim.workloads.data import _digits_raw, load_dataset
 
     data, target = _digits_raw()
     ref = load_digits()
@@ -229,13 +229,13 @@ def test_loading_digits_imports_no_sklearn():
     import subprocess
     import sys
 
-    code = "import sys; from sim.data import load_dataset; load_dataset('digits'); print('sklearn' in sys.modules)"
+    code = "import sys; from sim.workloads.data import load_dataset; load_dataset('digits'); print('sklearn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_batch_indices_kept_for_the_next_algorithm_equal_fresh_draws(monkeypatch):
-    from sim.data import minibatch
+    from sim.workloads.data import minibatch
 
     obj = make_objective("sines", d=8, n=40, seed=1)
     shards = shard_indices(obj.n, 4, seed=1)
@@ -256,7 +256,7 @@ def test_batch_indices_kept_for_the_next_algorithm_equal_fresh_draws(monkeypatch
 
 
 def test_in_sorted_equals_isin_at_every_size():
-    from sim.collectives import _in_sorted
+    from sim.comm.collectives import _in_sorted
 
     rng = np.random.default_rng(7)
     for _ in range(2000):
@@ -269,7 +269,7 @@ def test_in_sorted_equals_isin_at_every_size():
 def test_to_dense_is_built_once_read_only_and_equals_densify():
     import pickle
 
-    from sim.compression import densify, topk
+    from sim.comm.compression import densify, topk
 
     for dtype in (np.float32, np.float64):
         x = np.random.default_rng(3).standard_normal(1000).astype(dtype)
@@ -286,8 +286,8 @@ def test_to_dense_is_built_once_read_only_and_equals_densify():
 
 
 def test_gtopk_tree_ranks_share_one_dense_result_with_the_bits_of_their_own():
-    from sim.collectives import gtopk_tree
-    from sim.compression import densify, topk
+    from sim.comm.collectives import gtopk_tree
+    from sim.comm.compression import densify, topk
 
     P, k, d = 6, 9, 200
     rng = np.random.default_rng(5)

@@ -4,7 +4,7 @@ import builtins
 import pytest
 
 from experiments.sweep import map_jobs, resolve_jobs
-from sim.errors import ConfigError, SparsimError
+from sim.base.errors import ConfigError, SparsimError
 
 
 def _slow_square(x, delay):

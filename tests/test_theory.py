@@ -15,7 +15,7 @@ import sympy as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.errors import SparsimError
+from sim.base.errors import SparsimError
 from theory import bounds as tb
 from theory import cli_support
 from theory import symbols as sy

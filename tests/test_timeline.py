@@ -1,4 +1,4 @@
-"""The iteration timeline (sim/timeline.py): DDP buckets equal torch's, closed forms on hand-checkable timelines,
+"""The iteration timeline (sim/engine/timeline.py): DDP buckets equal torch's, closed forms on hand-checkable timelines,
 the one-bucket timeline equals the non-overlapped model, Horovod fusion, and the Chrome trace."""
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.algorithms import AlgorithmSpec
-from sim.compute import ComputeModel
-from sim.errors import ConfigError
-from sim.network import get_preset
-from sim.timeline import (CollectiveTimer, TimelinePolicy, _bucket_assignment, chrome_trace, ddp_buckets,
+from sim.machine.compute import ComputeModel
+from sim.base.errors import ConfigError
+from sim.machine.network import get_preset
+from sim.engine.timeline import (CollectiveTimer, TimelinePolicy, _bucket_assignment, chrome_trace, ddp_buckets,
                           horovod_fusion, layer_buckets, simulate_timeline)
-from sim.timing import simulate_timing
+from sim.engine.timing import simulate_timing
 from sim.workloads import LayerCost, ParamTensor, Workload
 
 NET = get_preset("1GbE")

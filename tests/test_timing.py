@@ -1,15 +1,16 @@
-"""Timing-only mode (sim.timing): collective times equal the closed forms; equal to real-data runs at small d."""
+"""Timing-only mode (sim.engine.timing): collective times equal the closed forms; equal to real-data runs at small d."""
 import numpy as np
 import pytest
 
-from sim import costs
+from sim.comm import costs
 from sim.algorithms import AlgorithmSpec, sgd_step
-from sim.cluster import SimCluster
-from sim.collectives import ring_allreduce
-from sim.compute import ComputeModel
-from sim.errors import SparsimError
-from sim.network import PRESETS, NetworkSpec
-from sim.timing import closed_form_comm_s, phantom_dense, random_selection, simulate_timing
+from sim.engine.cluster import SimCluster
+from sim.comm.collectives import ring_allreduce
+from sim.machine.compute import ComputeModel
+from sim.base.errors import SparsimError
+from sim.machine.network import PRESETS, NetworkSpec
+from sim.comm.payloads import phantom_dense, random_selection
+from sim.engine.timing import closed_form_comm_s, simulate_timing
 
 NET = PRESETS["1GbE"]
 ALPHA, BETA = NET.end_to_end_alpha_beta()
@@ -29,7 +30,7 @@ def test_timing_only_collective_equals_closed_form(P):
     for spec in _specs(k):
         t = simulate_timing(spec, P, d, network=NET).iter_s[0]  # zero compute: the collective alone
         assert t == pytest.approx(closed_form_comm_s(spec, P, d, ALPHA, BETA), rel=1e-12, abs=1e-15), spec
-    # and the named closed forms of sim.costs for the three ICDCS algorithms
+    # and the named closed forms of sim.comm.costs for the three ICDCS algorithms
     assert simulate_timing(_specs(k)[0], P, d, network=NET).iter_s[0] == pytest.approx(
         costs.ring_allreduce_time(P, d, ALPHA, BETA), rel=1e-12, abs=1e-15)
     assert simulate_timing(_specs(k)[2], P, d, network=NET).iter_s[0] == pytest.approx(

@@ -1,4 +1,4 @@
-"""The fast exact top-k (issue 12, item 1): sim.compression.topk against a plain reference, bit for bit.
+"""The fast exact top-k (issue 12, item 1): sim.comm.compression.topk against a plain reference, bit for bit.
 
 Reference: a full stable sort by magnitude, descending (ties keep the lower index first), the first k, exact
 zeros dropped, indices ascending. Every path of the fast selection is checked against it: the numba kernel
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import sim.compression as C
-from sim.compression import Sparse, topk
-from sim.errors import NonFiniteError, SparsimError
+import sim.comm.compression as C
+from sim.comm.compression import Sparse, topk
+from sim.base.errors import NonFiniteError, SparsimError
 
 HAVE_NUMBA = C._kernels() is not None
 DTYPES = (np.float32, np.float64)
@@ -213,7 +213,7 @@ def test_bad_k_is_rejected(k):
 
 def test_torch_selection_matches_on_the_cpu():
     torch = pytest.importorskip("torch", reason="torch is not installed")
-    from sim.torch_backend import topk_torch
+    from sim.comm.torch_kernels import topk_torch
 
     for name in ADVERSARIAL:
         for dt in DTYPES:
@@ -242,7 +242,7 @@ def _n_gpu() -> int:
 def test_torch_selection_on_the_gpu_gives_the_same_indices():
     import torch
 
-    from sim.torch_backend import topk_torch
+    from sim.comm.torch_kernels import topk_torch
 
     for name in ADVERSARIAL + ["normal"]:
         for dt in DTYPES:

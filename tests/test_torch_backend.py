@@ -23,13 +23,13 @@ torch = pytest.importorskip("torch", reason="torch is not installed: pip install
 from click.testing import CliRunner  # noqa: E402
 
 from sim.algorithms import AlgorithmSpec  # noqa: E402
-from sim.compression import Sparse  # noqa: E402
-from sim.data import shard_indices  # noqa: E402
-from sim.errors import SparsimError  # noqa: E402
-from sim.network import PRESETS  # noqa: E402
-from sim.objectives import make_objective  # noqa: E402
-from sim.runner import Workers, run_algorithm  # noqa: E402
-from sim.torch_backend import (WorkerFailure, decode, encode, fit_alpha_beta, launch_local,  # noqa: E402
+from sim.comm.compression import Sparse  # noqa: E402
+from sim.workloads.data import shard_indices  # noqa: E402
+from sim.base.errors import SparsimError  # noqa: E402
+from sim.machine.network import PRESETS  # noqa: E402
+from sim.workloads.objectives import make_objective  # noqa: E402
+from sim.engine.runner import Workers, run_algorithm  # noqa: E402
+from sim.distributed.backend import (WorkerFailure, decode, encode, fit_alpha_beta, launch_local,  # noqa: E402
                                run_worker)
 
 TIMEOUT = 60.0  # seconds a rank may wait on a peer; every launch below is bounded by it
@@ -300,7 +300,7 @@ def hierarchical_job(ctx, G):
 def test_hierarchical_collectives_bit_identical_to_simulator_on_2_nodes_of_2():
     """P = 4 as 2 nodes x 2 local ranks: the torch backend runs the same hierarchical programs and every
     rank's parameters equal the simulator's (on the hierarchical cluster) bit for bit."""
-    from sim.topology import ClusterSpec
+    from sim.machine.topology import ClusterSpec
 
     P, G = 4, 2
     got = launch_local(P, hierarchical_job, (G,), timeout_s=TIMEOUT)
@@ -462,7 +462,7 @@ def trace_job(ctx, P):
 
 @pytest.mark.parametrize("P", [2, 3])
 def test_recorded_trace_replays_on_the_simulator(P):
-    from sim.replay import replay
+    from sim.engine.replay import replay
 
     got = launch_local(P, trace_job, (P,), timeout_s=TIMEOUT)
     w, x0 = _objective_workers(P)
@@ -493,7 +493,7 @@ def test_recorded_trace_replays_on_the_simulator(P):
 
 @pytest.mark.parametrize("pattern", ["exchange", "pingpong"])
 def test_calibration_patterns_time_every_size(pattern):
-    from sim.torch_backend import pingpong_job
+    from sim.distributed.backend import pingpong_job
 
     sizes = [1, 3000]
     res = launch_local(2, pingpong_job, (sizes, 3, 1, pattern, 0.001), timeout_s=TIMEOUT)[0]
@@ -506,7 +506,7 @@ def test_cli_calibrate_writes_both_fits_and_a_preset(tmp_path):
     import tomllib
 
     from experiments.cli import main
-    from sim.network import NetworkSpec
+    from sim.machine.network import NetworkSpec
 
     out = tmp_path / "cal.toml"
     r = CliRunner().invoke(main, ["calibrate", "--out", str(out), "--max-bytes", "4000000", "--repeats", "3",

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 from experiments.cli import main
 from sim.algorithms import AlgorithmSpec
-from sim.compute import ComputeModel
-from sim.network import get_preset
-from sim.timing import simulate_timing
+from sim.machine.compute import ComputeModel
+from sim.machine.network import get_preset
+from sim.engine.timing import simulate_timing
 from sim.workloads.devices import get_device
 from sim.workloads.zoo import get_model
 
@@ -123,7 +123,7 @@ def test_bad_layer_table(tmp_path, text, msg):
 
 
 def test_workload_list_and_show(tmp_path):
-    from sim.timeline import TimelinePolicy, ddp_buckets
+    from sim.engine.timeline import TimelinePolicy, ddp_buckets
     from sim.workloads import ZOO_MODELS, load_layer_table
 
     r = _run(["workload", "list"])

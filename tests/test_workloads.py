@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.errors import ConfigError
+from sim.base.errors import ConfigError
 from sim.workloads import (DEVICES, ZOO, ZOO_MODELS, LayerCost, ParamTensor, Workload, dumps_layer_table,
                            get_device, get_model, load_layer_table, save_layer_table)
 

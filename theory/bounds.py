@@ -35,7 +35,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 import sympy as sp
 
-from sim.errors import SparsimError, check_range
+from sim.base.errors import SparsimError, check_range
 from theory import symbols as sy
 from theory.symbols import DEFINITIONS, LATEX_NAMES, SYMBOLS, expand_definitions
 

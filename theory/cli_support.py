@@ -1,6 +1,6 @@
 """Helpers behind the ``sparsim theory`` commands: list, show and evaluate the registered bounds.
 
-Every function raises :class:`sim.errors.SparsimError` with a one-line message on bad input, which
+Every function raises :class:`sim.base.errors.SparsimError` with a one-line message on bad input, which
 the CLI prints and turns into exit status 2.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 import re
 from typing import Iterable, Mapping
 
-from sim.errors import SparsimError
+from sim.base.errors import SparsimError
 from theory.bounds import BOUNDS, Bound, param_range_text
 from theory.symbols import DESCRIPTIONS
 

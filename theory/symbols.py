@@ -135,9 +135,9 @@ def expand_definitions(expr: sp.Expr, names: tuple[str, ...] | None = None) -> s
     replace only tau by gamma*(1+eta)); None expands all of them, in dependency order, so the result
     contains only primary symbols.
 
-    Raises :class:`sim.errors.SparsimError` for a name that is not a derived symbol.
+    Raises :class:`sim.base.errors.SparsimError` for a name that is not a derived symbol.
     """
-    from sim.errors import SparsimError
+    from sim.base.errors import SparsimError
 
     valid = [s.name for s in DEFINITIONS]
     if names is None:

@@ -1,5 +1,5 @@
 """Run the authors' SparCML sparse allreduces (C++/MPI) on constructed inputs and record what they compute, as the
-fixture tests/test_sparcml.py compares sim/collectives.py's ``ssar_recursive_doubling`` and
+fixture tests/test_sparcml.py compares sim/comm/collectives.py's ``ssar_recursive_doubling`` and
 ``ssar_split_allgather`` against (CI has neither the peer code nor MPI).
 
 Usage (CHECKOUT holds the authors' ``c_common.h``, ``c_allreduce_recdoubling.h`` and ``c_allreduce_small.h``

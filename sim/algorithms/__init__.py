@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import (REGISTRY, Algorithm, AlgorithmSpec, Exchange, Option, StepContext, StepOutput, check_options, get,
+from sim.algorithms.base import (REGISTRY, Algorithm, AlgorithmSpec, Exchange, Option, StepContext, StepOutput, check_options, get,
                    names, predict_columns, predict_default_columns, register, resolve, segment_k,
                    sgd_step)
 
@@ -15,7 +15,7 @@ MODULES = ("dense", "topk", "gtopk", "randk", "dgc", "gaussiank", "cltk", "oktop
 for _m in MODULES:
     importlib.import_module(f"{__name__}.{_m}")
 
-from .randk import RANDK_STREAM  # noqa: E402
+from sim.algorithms.randk import RANDK_STREAM  # noqa: E402
 
 #: Registered algorithm names, in registration order.
 ALGORITHMS = names()

@@ -5,15 +5,15 @@ An S-SGD variant is one :class:`Algorithm` subclass in one file of this package 
 ``gtopk.py``, ...), registered with :func:`register`. It holds everything about the algorithm:
 
 - its **compressor and memory**: :meth:`Algorithm.accumulate` (error feedback by default:
-  acc_p = eps_p + alpha_t G_p) and :meth:`Algorithm.exchange`, a sans-I/O program (:mod:`sim.ops`) that
+  acc_p = eps_p + alpha_t G_p) and :meth:`Algorithm.exchange`, a sans-I/O program (:mod:`sim.base.ops`) that
   selects / compresses one segment of acc_p, runs the collective and returns the summed update g and the new
   residual eps_p; explicit per-worker state (momentum, low-rank factors, thresholds) lives in the dict
   ``state`` that :func:`sgd_step` receives and returns (:attr:`StepOutput.state`), in the spirit of optax's
   ``init`` / ``update`` pairs and GRACE's compressor / memory / communicator roles;
 - its **timing-only program** (:meth:`Algorithm.timing_exchange`), the same collective on payloads of the
-  right size without the data (:mod:`sim.timing`), and its **fast-engine** form (:meth:`Algorithm.fast_exchange`,
-  :mod:`sim.fastsim`);
-- its **closed-form cost** (:meth:`Algorithm.closed_form_s`, alpha-beta, :mod:`sim.costs`);
+  right size without the data (:mod:`sim.engine.timing`), and its **fast-engine** form (:meth:`Algorithm.fast_exchange`,
+  :mod:`sim.engine.fastsim`);
+- its **closed-form cost** (:meth:`Algorithm.closed_form_s`, alpha-beta, :mod:`sim.comm.costs`);
 - its names: :attr:`Algorithm.name`, :attr:`Algorithm.collectives` (the first is the default), options
   (:attr:`Algorithm.options`, e.g. PowerSGD's rank) with defaults and ranges.
 
@@ -46,8 +46,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import DIVERGENCE_LIMIT, ConfigError, NonFiniteError, SparsimError, check_range
-from ..ops import Compute
+from sim.base.errors import DIVERGENCE_LIMIT, ConfigError, NonFiniteError, SparsimError, check_range
+from sim.base.ops import Compute
 
 __all__ = ["Algorithm", "Option", "Exchange", "StepContext", "REGISTRY", "register", "get", "names", "resolve",
            "check_options", "predict_columns", "predict_default_columns",
@@ -152,7 +152,7 @@ def segment_k(k: int, d: int, d_b: int) -> int:
     """Coordinates selected in a segment (bucket, layer) of d_b elements when the whole model of d selects k:
     ``min(d_b, max(1, round(k / d * d_b)))`` in float64 with Python's round (halves to even), and k itself when
     d_b = d. The one rule of layer-wise selection, for the numerics (:meth:`AlgorithmSpec.segment_ks`) and the
-    iteration timeline (:func:`sim.timeline.bucket_k`). 1 <= result <= d_b for 1 <= d_b <= d."""
+    iteration timeline (:func:`sim.engine.timeline.bucket_k`). 1 <= result <= d_b for 1 <= d_b <= d."""
     return int(k) if d_b == d else int(min(d_b, max(1, round(k / d * d_b))))
 
 
@@ -202,7 +202,7 @@ def _switch(value, label: str) -> bool:
 
 
 def _range(label: str, o: Option) -> str:
-    from ..errors import range_text
+    from sim.base.errors import range_text
 
     return range_text(label, o.lo, o.hi, o.lo_open, o.hi_open)
 
@@ -273,7 +273,7 @@ class Algorithm:
     predict_columns: ClassVar[dict[str, str]] = {}
     #: shown by ``sparsim predict`` by default (rand-k costs what Top-k costs: False there)
     predict_default: ClassVar[bool] = True
-    #: The DDP hook's asynchronous path (:mod:`sim.ddp_hooks`, ``wire="allgather"``): None where the algorithm
+    #: The DDP hook's asynchronous path (:mod:`sim.distributed.ddp_hooks`, ``wire="allgather"``): None where the algorithm
     #: has none (the hook then runs :func:`sgd_step` itself over point-to-point messages, ``wire="p2p"``), else
     #: how the allgathered selections of :meth:`hook_select` are combined: ``"sum"`` (added in rank order,
     #: eps = acc - own selection) or ``"gtopk"`` (the gTop-k merges replayed locally).
@@ -287,7 +287,7 @@ class Algorithm:
     def hook_select(self, acc, k: int, hook_state):
         """The asynchronous DDP hook's selection (only where :attr:`hook_combine` is set): ``acc`` a 1-D float
         torch tensor (n,) (the unit's accumulator; not modified), ``k`` its budget (1 <= k <= n), ``hook_state``
-        the :class:`sim.ddp_hooks.SparseState`. Returns (idx, val): int64 indices ascending (at most k,
+        the :class:`sim.distributed.ddp_hooks.SparseState`. Returns (idx, val): int64 indices ascending (at most k,
         distinct) and acc at them, on acc's device -- the same entries as :meth:`exchange`'s selection."""
         raise NotImplementedError(f"{self.name} has no asynchronous DDP hook path (use wire='p2p')")
 
@@ -333,7 +333,7 @@ class Algorithm:
         """Called once per step after every segment's exchange, with the whole accumulator and the new residual
         (float arrays (d,)); updates ``ctx.state`` (e.g. DGC's momentum masking). Nothing by default."""
 
-    # ------------------------------------------------------------------ timing only (sim.timing, sim.fastsim)
+    # ------------------------------------------------------------------ timing only (sim.engine.timing, sim.engine.fastsim)
     def timing_payloads(self, spec: "AlgorithmSpec", P: int, d: int, rng: np.random.Generator) -> list:
         """Per-rank payloads of :meth:`timing_exchange` (the right sizes, no real data), a list of P items."""
         raise NotImplementedError
@@ -345,10 +345,10 @@ class Algorithm:
 
     def fast_exchange(self, eng, spec: "AlgorithmSpec", d: int, it: int, G: int) -> None:
         """The same exchange as :meth:`timing_exchange` on every rank of the fast engine ``eng``
-        (:class:`sim.fastsim.FastCluster`), a round at a time. G: ranks per node (hierarchical collectives)."""
+        (:class:`sim.engine.fastsim.FastCluster`), a round at a time. G: ranks per node (hierarchical collectives)."""
         raise ConfigError(f"algorithm {self.name} has no fast-engine form: valid cluster.engine = message")
 
-    # ------------------------------------------------------------------ closed forms (sim.costs)
+    # ------------------------------------------------------------------ closed forms (sim.comm.costs)
     def closed_form_s(self, spec: "AlgorithmSpec", P: int, d: int, alpha: float, beta: float, cluster=None) -> float:
         """The alpha-beta time (s) of one whole-model exchange on a contention-free network with zero compute
         (alpha s, beta s/byte); ``cluster`` (a ClusterSpec) for hierarchical collectives."""
@@ -489,11 +489,11 @@ class AlgorithmSpec:
 
     def require_whole_model(self, where: str) -> None:
         """Raise ConfigError if ``segments`` is set: ``where`` (e.g. "the fast engine") models whole-model
-        selection only, and layer-wise timing is done by the iteration timeline (sim/timeline.py)."""
+        selection only, and layer-wise timing is done by the iteration timeline (sim/engine/timeline.py)."""
         if self.segments is not None:
             raise ConfigError(
                 f"segments = {_segments_text(self.segments)} ({self.name}): {where} models whole-model selection "
-                "only; layer-wise timing is done by the iteration timeline (sim/timeline.py): "
+                "only; layer-wise timing is done by the iteration timeline (sim/engine/timeline.py): "
                 "valid here segments = None")
 
 
@@ -591,7 +591,7 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
     by the compute model's seeded jitter. state: the worker's algorithm state from the previous step's
     :attr:`StepOutput.state` (None at the start); it is updated in place and returned.
     Raises NonFiniteError naming worker and iteration if the gradient or the accumulator is NaN/Inf, or,
-    naming the algorithm too, if one of their entries exceeds :data:`sim.errors.DIVERGENCE_LIMIT` in magnitude
+    naming the algorithm too, if one of their entries exceeds :data:`sim.base.errors.DIVERGENCE_LIMIT` in magnitude
     (the run diverged: lower the step size).
 
     Yields ``forward_backward``, then the algorithm's exchange (:meth:`Algorithm.exchange`) once over the whole

@@ -9,7 +9,7 @@ uses the same indices, compression commutes with the sum (sum_p CLT-k(acc_p) = C
 the sum is a dense allreduce of |I_t| values (the paper's point: no gradient build-up, all-reduce compatible).
 
 Per iteration t and worker p: acc_p = eps_p + alpha_t G_p; leader l = t mod P selects I_t = TopK(acc_l).idx
-(:func:`sim.compression.topk`: ties to the lower index, exact zeros never selected, so |I_t| <= k) and
+(:func:`sim.comm.compression.topk`: ties to the lower index, exact zeros never selected, so |I_t| <= k) and
 broadcasts it (binomial tree rooted at l, |I_t| index_bytes bytes per message); every worker allreduces the
 |I_t| values acc_p[I_t] (``ring`` or ``recursive_doubling``, value_bytes each); g = that sum scattered to I_t;
 eps_p = acc_p with I_t zeroed (on every worker, leader or not). Mass is conserved: sum_p acc_p = g + sum_p eps_p.
@@ -18,7 +18,7 @@ With layer-wise segments every segment of a step has the same leader.
 Not modelled: ScaleCom's low-pass filter m_p <- (1 - beta) m_p + beta (acc_p - CLT-k(acc_p)) for beta < 1
 (beta = 1 here). There is no public code of the authors to compare with (docs/algorithms/cltk.md).
 
-Cost (contention-free, zero compute; :func:`sim.costs.cltk_time`): ceil(lg P) (alpha + k index_bytes beta) plus
+Cost (contention-free, zero compute; :func:`sim.comm.costs.cltk_time`): ceil(lg P) (alpha + k index_bytes beta) plus
 the allreduce of k values. The timing-only mode, the fast engine and the closed form assume |I_t| = k; the
 timing-only leader also rotates (t mod P, t counted from 1 per simulation). Compute: the leader's ``select``
 over d_b elements; the allreduce's ``reduce`` of the values.
@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import collectives as C
-from ..compression import topk
-from ..ops import Compute, Recv, Send
-from .base import Algorithm, Exchange, register
+from sim.comm import collectives as C
+from sim.comm.compression import topk
+from sim.base.ops import Compute, Recv, Send
+from sim.algorithms.base import Algorithm, Exchange, register
 
 __all__ = ["CLTK", "leader", "bcast_from"]
 
@@ -42,9 +42,9 @@ def leader(iteration: int, P: int) -> int:
 
 def bcast_from(rank: int, P: int, root: int, item, nbytes_of):
     """Binomial-tree broadcast of ``item`` (``nbytes_of(item)`` bytes on the wire) from ``root`` to every rank,
-    the tree of :func:`sim.collectives.binomial_bcast_schedule` on ranks relative to the root ((rank - root) mod
+    the tree of :func:`sim.comm.collectives.binomial_bcast_schedule` on ranks relative to the root ((rank - root) mod
     P): ceil(lg P) rounds, the root sending in each. ``item`` is read on the root only. A sans-I/O program
-    returning the item on every rank; cost :func:`sim.costs.binomial_bcast_time`."""
+    returning the item on every rank; cost :func:`sim.comm.costs.binomial_bcast_time`."""
     pos = (rank - root) % P
     for _, dst, src in C.binomial_bcast_schedule(pos, P):
         if src >= 0:
@@ -59,7 +59,7 @@ class _TimingPayload:
     rotates the leader (each :meth:`CLTK.timing_exchange` is one iteration of one rank)."""
 
     def __init__(self, k: int):
-        from ..timing import phantom_dense
+        from sim.comm.payloads import phantom_dense
 
         self.idx = np.zeros(int(k), dtype=np.int64)
         self.vals = phantom_dense(int(k))
@@ -111,7 +111,7 @@ class CLTK(Algorithm):
         return (yield from self._allreduce(spec, rank, P, payload.vals))
 
     def fast_exchange(self, eng, spec, d, it, G):
-        from ..fastsim import _ring, _split_sizes
+        from sim.engine.fastsim import _ring, _split_sizes
 
         P = eng.P
         R = np.arange(P, dtype=np.int64)
@@ -135,7 +135,7 @@ class CLTK(Algorithm):
                     eng.compute("reduce", np.where(dst >= 0, k, 0), it)
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
-        from .. import costs
+        from sim.comm import costs
 
         return costs.cltk_time(P, spec.k, alpha, beta, spec.value_bytes, spec.index_bytes, spec.collective)
 

@@ -3,17 +3,17 @@
 g = allreduce(alpha_t G_p), residual 0 (Shi et al. IJCAI 2019, section 2; docs/theory.md section 2).
 Collectives: ``ring`` (Patarasuk and Yuan 2009; the ring of Baidu / NCCL), ``recursive_doubling``
 (Thakur, Rabenseifner and Gropp 2005), ``hierarchical`` (intra-node reduce-scatter, inter-node ring,
-intra-node allgather: :func:`sim.collectives.hier_allreduce`), and ``backend_allreduce`` (the torch
+intra-node allgather: :func:`sim.comm.collectives.hier_allreduce`), and ``backend_allreduce`` (the torch
 backend's ``dist.all_reduce``; not a message-level model, so the simulated drivers refuse it).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .. import collectives as C
-from ..errors import SparsimError
-from ..ops import AllReduce
-from .base import Algorithm, Exchange, register
+from sim.comm import collectives as C
+from sim.base.errors import SparsimError
+from sim.base.ops import AllReduce
+from sim.algorithms.base import Algorithm, Exchange, register
 
 
 @register
@@ -49,7 +49,7 @@ class Dense(Algorithm):
         return Exchange(g, np.zeros_like(acc), n, n)
 
     def timing_payloads(self, spec, P, d, rng):
-        from ..timing import phantom_dense
+        from sim.comm.payloads import phantom_dense
 
         return [phantom_dense(d)] * P
 
@@ -65,7 +65,7 @@ class Dense(Algorithm):
                            "recursive_doubling, hierarchical")
 
     def fast_exchange(self, eng, spec, d, it, G):
-        from ..fastsim import _mapper, _ring, _split_sizes
+        from sim.engine.fastsim import _mapper, _ring, _split_sizes
 
         P = eng.P
         R = np.arange(P, dtype=np.int64)
@@ -93,7 +93,7 @@ class Dense(Algorithm):
             raise SparsimError(f"collective = {coll!r} has no timing-only mode: valid ring, recursive_doubling, hierarchical")
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
-        from .. import costs
+        from sim.comm import costs
 
         vb = spec.value_bytes
         if spec.collective == "hierarchical":

@@ -17,7 +17,7 @@ github.com/synxlin/deep-gradient-compression):
    |v| at a random stride, take its ceil(ratio * samples)-th largest magnitude as the threshold, keep the
    entries at or above it, and adapt: re-select the top k of the candidates (``resample``) or raise / lower
    the threshold when the count leaves [0.8 k, 1.3 k]; :func:`sampled_select`) or ``"exact"`` (the project's
-   :func:`~sim.compression.topk`);
+   :func:`~sim.comm.compression.topk`);
 4. the allgather of every worker's selection and its sum in rank order (Top-k's collectives, ``allgather`` and
    ``hierarchical``); v keeps what was not sent (the residual eps_p of the project's mass accounting is v);
 5. momentum factor masking (section 3.2, option ``momentum_masking``): u and v zeroed at the sent coordinates
@@ -42,11 +42,11 @@ which a scenario writes as that explicit list.
 Selected counts: exact selection sends at most k_b(t) entries (exact zeros never); the sampled selection a
 data-dependent count <= k_b(t) (the official truncation ``indices[:num_selects]``, then exact zeros dropped),
 reported per step in ``n_selected``; the messages then carry what was selected. The timing-only mode, the fast
-engine and the closed form (Top-k's allgather, :func:`sim.costs.topk_allgather_time`) assume k entries per
+engine and the closed form (Top-k's allgather, :func:`sim.comm.costs.topk_allgather_time`) assume k entries per
 worker and no warm-up: after the warm-up an upper bound of the sampled selection's traffic, during it a lower
 bound (the warm-up sends more).
 
-Compute: one ``select`` operation over d_b entries per segment, as Top-k's and Gaussian-k's (sim/ops.py has
+Compute: one ``select`` operation over d_b entries per segment, as Top-k's and Gaussian-k's (sim/base/ops.py has
 no linear-scan kind; the sampled rule's extra filtering passes, :func:`sampled_select`'s ``passes``, are not
 charged separately); the O(d) momentum update has no kind of its own either, as error feedback's addition.
 
@@ -67,10 +67,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..compression import Sparse, topk, topk_select_indices
-from ..errors import ConfigError
-from .base import Option, register
-from .topk import AllgatherSparse
+from sim.comm.compression import Sparse, topk, topk_select_indices
+from sim.base.errors import ConfigError
+from sim.algorithms.base import Option, register
+from sim.algorithms.topk import AllgatherSparse
 
 __all__ = ["DGC", "DGC_STREAM", "PAPER_WARMUP_DENSITIES", "sample_layout", "sampled_select", "warmup_k",
            "clip_coefficient"]

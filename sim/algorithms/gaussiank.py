@@ -29,7 +29,7 @@ The count n actually selected varies per step and rank: :attr:`sim.algorithms.Ex
 (StepOutput.n_selected; summed over segments), the numerics send exactly those entries (the wire bytes in
 metrics.csv are the real ones). The timing-only mode, the fast engine and the closed form assume exactly k
 entries per rank (Top-k's allgather of k entries): the data-dependent count has no timing-only model.
-Compute: costed as one ``select`` over d_b elements, like Top-k's selection (sim.ops has no linear-scan kind;
+Compute: costed as one ``select`` over d_b elements, like Top-k's selection (sim.base.ops has no linear-scan kind;
 Gaussian-k's work is 2 + (evaluations) O(d_b) passes, cheaper than the c x log2 x the compute model charges a
 ``select``).
 """
@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..compression import Sparse
-from .base import Option, register
-from .topk import AllgatherSparse
+from sim.comm.compression import Sparse
+from sim.algorithms.base import Option, register
+from sim.algorithms.topk import AllgatherSparse
 
 __all__ = ["GaussianK", "GaussianSelection", "gaussian_threshold", "gaussiank_select", "gaussian_stats"]
 

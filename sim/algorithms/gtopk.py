@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import collectives as C
-from ..compression import Sparse, topk
-from ..ops import Compute
-from .base import Algorithm, Exchange, register
+from sim.comm import collectives as C
+from sim.comm.compression import Sparse, topk
+from sim.base.ops import Compute
+from sim.algorithms.base import Algorithm, Exchange, register
 
 
 @register
@@ -36,7 +36,7 @@ class GTopK(Algorithm):
     hook_checks_all = False
 
     def hook_select(self, acc, k, hook_state=None):
-        from .topk import select_topk_torch
+        from sim.algorithms.topk import select_topk_torch
 
         return select_topk_torch(acc, k)
 
@@ -60,7 +60,7 @@ class GTopK(Algorithm):
         return Exchange(res.g.to_dense(), new_res, len(sel), int(res.applied.sum()))
 
     def timing_payloads(self, spec, P, d, rng):
-        from ..timing import random_selection
+        from sim.comm.payloads import random_selection
 
         # one selection per rank, so every merge and survival mask does real work
         return [random_selection(spec.k, d, rng) for _ in range(P)]
@@ -70,7 +70,7 @@ class GTopK(Algorithm):
         return (yield from gtopk_collective(spec, rank, P, payload))
 
     def fast_exchange(self, eng, spec, d, it, G):
-        from ..fastsim import _binomial, _gtopk_rd, _mapper
+        from sim.engine.fastsim import _binomial, _gtopk_rd, _mapper
 
         eng.compute("select", d, it)
         P = eng.P
@@ -94,8 +94,8 @@ class GTopK(Algorithm):
             _binomial(eng, C.binomial_bcast_schedule(local, G), intra, lambda mask, dst: m + b, 0, it)
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
-        from .. import costs
-        from .dense import _hier_params
+        from sim.comm import costs
+        from sim.algorithms.dense import _hier_params
 
         vb, ib, exact = spec.value_bytes, spec.index_bytes, spec.mask == "exact"
         if spec.collective == "hierarchical":
@@ -109,7 +109,7 @@ class GTopK(Algorithm):
 def gtopk_collective(spec, rank: int, P: int, sel: Sparse, k: int | None = None):
     """The gTop-k collective ``spec.collective`` (tree, recursive_doubling or hierarchical) on ``sel`` (this rank's
     selection), keeping k entries (default ``spec.k``; a segment's k_b with layer-wise selection). A sans-I/O
-    program returning :class:`sim.collectives.GTopKResult`."""
+    program returning :class:`sim.comm.collectives.GTopKResult`."""
     k = spec.k if k is None else k
     kw = dict(exact=spec.mask == "exact", value_bytes=spec.value_bytes, index_bytes=spec.index_bytes)
     if spec.collective == "hierarchical":

@@ -53,7 +53,7 @@ Options: ``tau`` (threshold re-estimation period, integer >= 1, default 32 as th
 (tau', integer >= 1, default 64 as its ``region_repartition_interval``).
 
 Compute: an exact k-th largest / top-k is ``select`` (elements scanned); a threshold filter or count over n
-elements has no kind of its own in :data:`sim.ops.COMPUTE_KINDS` and is costed as ``reduce`` of n elements (a
+elements has no kind of its own in :data:`sim.base.ops.COMPUTE_KINDS` and is costed as ``reduce`` of n elements (a
 linear elementwise pass, the closest kind); adding received entries into R_p and assembling g are ``reduce``.
 
 Timing-only mode (:meth:`OkTopK.timing_exchange`, :meth:`OkTopK.fast_exchange`) models a steady-state iteration
@@ -61,20 +61,20 @@ Timing-only mode (:meth:`OkTopK.timing_exchange`, :meth:`OkTopK.fast_exchange`) 
 exact selection and a small allreduce) under this assumption: the regions are balanced, so every rank selects
 kr = ceil(k/P) entries in every region (k rounded up to a multiple of P), no threshold needs raising, and the
 global selection has kr entries in every region, so the balance step moves nothing. Then the time on a
-contention-free network with zero compute is :func:`sim.costs.oktopk_time`:
+contention-free network with zero compute is :func:`sim.comm.costs.oktopk_time`:
 (P-1)(alpha + kr s beta) + ceil(lg P) alpha + 4 (P-1) beta + ceil(lg P) alpha + (P-1) kr s beta, with
 s = value_bytes + index_bytes. With real data the counts vary around kr (the thresholds keep them between about
 2k/3 and 5k/4 locally and 2k/3 and 4k/3 globally) and unbalanced selections add balance messages, bounded by
-the paper's Eq. 2 (:func:`sim.costs.oktopk_bound_time` is the paper's bound).
+the paper's Eq. 2 (:func:`sim.comm.costs.oktopk_bound_time` is the paper's bound).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .. import collectives as C
-from ..compression import Sparse, topk
-from ..ops import Compute, Recv, Send, SendRecv
-from .base import Algorithm, Exchange, Option, register
+from sim.comm import collectives as C
+from sim.comm.compression import Sparse, topk
+from sim.base.ops import Compute, Recv, Send, SendRecv
+from sim.algorithms.base import Algorithm, Exchange, Option, register
 
 #: Bytes of one integer of metadata on the wire (a candidate count, a region boundary): the reference code's
 #: MPI int32 buffers.
@@ -279,7 +279,7 @@ class OkTopK(Algorithm):
         return blocks
 
     def fast_exchange(self, eng, spec, d, it, G):
-        from ..fastsim import _split_sizes
+        from sim.engine.fastsim import _split_sizes
 
         P = eng.P
         R = np.arange(P, dtype=np.int64)
@@ -299,6 +299,6 @@ class OkTopK(Algorithm):
         eng.compute("reduce", P * kr, it)
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
-        from .. import costs
+        from sim.comm import costs
 
         return costs.oktopk_time(P, spec.k, alpha, beta, spec.value_bytes, spec.index_bytes)

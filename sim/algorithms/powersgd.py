@@ -44,9 +44,9 @@ the rank-1 column norm: there this module keeps Gram-Schmidt and the ordered sum
 rounding (and, for the stored Q at r > 2, column signs) only. The ordered products cost far more than BLAS (a
 1000 x 1000 segment: about 0.1 s per worker-step at rank 1, 0.3 s at rank 4); the timing-only mode does not run them.
 
-Collectives: ``ring`` (default) or ``recursive_doubling`` allreduces (:func:`sim.collectives.ring_allreduce`,
+Collectives: ``ring`` (default) or ``recursive_doubling`` allreduces (:func:`sim.comm.collectives.ring_allreduce`,
 ``rd_allreduce``) of the flattened P and Q (and of an uncompressed segment). Cost of a compressed segment
-(contention-free, zero compute; :func:`sim.costs.powersgd_time`): two allreduces of rows r and cols r values.
+(contention-free, zero compute; :func:`sim.comm.costs.powersgd_time`): two allreduces of rows r and cols r values.
 Compute: the three products M Q, M^T P and P Q^T are ``reduce`` work of n r each (no compute kind models a dense
 product; ``reduce``, a dense addition per element, is the closest), plus the orthogonalisation of Q and of P
 (cols r^2 and rows r^2) added to the first two. The timing-only mode, the fast engine and the closed form model a
@@ -64,10 +64,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from .. import collectives as C
-from ..errors import ConfigError
-from ..ops import Compute
-from .base import Algorithm, Exchange, Option, register
+from sim.comm import collectives as C
+from sim.base.errors import ConfigError
+from sim.base.ops import Compute
+from sim.algorithms.base import Algorithm, Exchange, Option, register
 
 __all__ = ["PowerSGD", "matrix_shape", "effective_rank", "should_compress", "Entry", "Plan", "bucket_plan",
            "segment_plan", "powersgd_bucket", "matmul", "orthogonalize", "torch_sum", "TorchNormal",
@@ -478,7 +478,7 @@ class _BoolOption(Option):
     (:func:`sim.algorithms.base._switch`); anything else is a one-line ConfigError."""
 
     def check(self, algorithm, name, value):
-        from .base import _switch
+        from sim.algorithms.base import _switch
 
         return _switch(value, f"{algorithm}.{name}")
 
@@ -535,7 +535,7 @@ class PowerSGD(Algorithm):
         return [None] * P
 
     def timing_exchange(self, spec, rank, P, d, payload):
-        from ..timing import phantom_dense
+        from sim.comm.payloads import phantom_dense
 
         allreduce = _allreduce(spec, rank, P)
         plan = self.plan(spec, d)
@@ -550,7 +550,7 @@ class PowerSGD(Algorithm):
         return out
 
     def fast_exchange(self, eng, spec, d, it, G):
-        from .base import AlgorithmSpec, get
+        from sim.algorithms.base import AlgorithmSpec, get
 
         dense = get("dense")
         dspec = AlgorithmSpec(dense.name, collective=spec.collective, value_bytes=spec.value_bytes)
@@ -571,7 +571,7 @@ class PowerSGD(Algorithm):
         eng.compute("reduce", e.rows * e.cols * e.r, it)
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
-        from .. import costs
+        from sim.comm import costs
 
         plan = self.plan(spec, d)
         rows, cols, r = (plan.compressed[0].rows, plan.compressed[0].cols, plan.compressed[0].r) \

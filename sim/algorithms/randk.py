@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compression import randk
-from .base import register
-from .topk import AllgatherSparse
+from sim.comm.compression import randk
+from sim.algorithms.base import register
+from sim.algorithms.topk import AllgatherSparse
 
 #: Stream tag appended to ``[seed, rank, iteration]`` for the rand-k coordinate draw ("RAND" in ASCII).
 RANDK_STREAM = 0x52414E44

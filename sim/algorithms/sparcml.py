@@ -10,8 +10,8 @@ for Machine Learning", SC 2019 (arXiv:1802.08021): the static sparse allreduces 
 SSAR_Split_allgather, the sparse stream with its switch to dense, and Top-k SGD with error accumulation; the
 authors' C/MPI code (``c_allreduce_recdoubling`` and ``c_allreduce_small`` with ``c_common.h``'s
 ``sum_streams``, ``sum_into_stream`` and ``split_stream``) fixes the details the paper leaves open
-(docs/algorithms/sparcml.md). The collectives are :func:`sim.collectives.ssar_recursive_doubling` and
-:func:`sim.collectives.ssar_split_allgather`.
+(docs/algorithms/sparcml.md). The collectives are :func:`sim.comm.collectives.ssar_recursive_doubling` and
+:func:`sim.comm.collectives.ssar_split_allgather`.
 
 Collectives: ``ssar_recursive_doubling`` (default) and ``ssar_split_allgather``. Options
 (``[algorithm.sparcml]``): ``dense_threshold`` t in (0, 1] (a stream of c entries over w coordinates is dense iff
@@ -24,7 +24,7 @@ Timing-only mode (:class:`PhantomStreams`): the worst case of disjoint supports.
 no two selections share a coordinate, so a merge of streams of a and b entries holds a + b (at most the
 window), and the split variant's pieces are spread evenly (every piece of a stream of c entries holds
 ceil(c / pof2) and takes the size of the largest region). The messages then double each round until they switch
-to dense; the simulated time equals :func:`sim.costs.sparcml_rd_time` / :func:`sim.costs.sparcml_split_time`
+to dense; the simulated time equals :func:`sim.comm.costs.sparcml_rd_time` / :func:`sim.comm.costs.sparcml_split_time`
 exactly. Real supports overlap, so real messages are smaller: the numerics' messages are at most these.
 """
 from __future__ import annotations
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import collectives as C
-from ..compression import topk
-from ..ops import Compute
-from .base import Algorithm, Exchange, Option, register
+from sim.comm import collectives as C
+from sim.comm.compression import topk
+from sim.base.ops import Compute
+from sim.algorithms.base import Algorithm, Exchange, Option, register
 
 
 @register
@@ -95,7 +95,7 @@ class SparCML(Algorithm):
         _fast_ssar(eng, spec, d, it, split=spec.collective == "ssar_split_allgather")
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
-        from .. import costs
+        from sim.comm import costs
 
         f = costs.sparcml_split_time if spec.collective == "ssar_split_allgather" else costs.sparcml_rd_time
         return f(P, spec.k, d, alpha, beta, spec.value_bytes, spec.index_bytes, spec.opt("dense_threshold"))
@@ -115,7 +115,7 @@ class PhantomStream:
 
 
 class PhantomStreams:
-    """The stream algebra of :class:`sim.collectives.SparseStreams` under the timing-only assumption of disjoint
+    """The stream algebra of :class:`sim.comm.collectives.SparseStreams` under the timing-only assumption of disjoint
     supports spread evenly: a merge of a and b entries holds min(a + b, width) and is dense iff either input is or
     the rule holds for a + b (for t <= 1 the same as for min(a + b, width), so "union" and "bound" agree); a
     stream of c entries split into parts regions gives every region a piece of ceil(c / parts) entries over the
@@ -159,7 +159,7 @@ class PhantomStreams:
 
 
 def _fast_ssar(eng, spec, d: int, it: int, split: bool) -> None:
-    """Both SparCML collectives on every rank of the fast engine (:mod:`sim.fastsim`), with the sizes of
+    """Both SparCML collectives on every rank of the fast engine (:mod:`sim.engine.fastsim`), with the sizes of
     :class:`PhantomStreams`: per-rank entry counts and dense flags, a round at a time."""
     P = eng.P
     R = np.arange(P, dtype=np.int64)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import collectives as C
-from ..compression import Sparse, topk
-from ..ops import Compute
-from .base import Algorithm, Exchange, register
+from sim.comm import collectives as C
+from sim.comm.compression import Sparse, topk
+from sim.base.ops import Compute
+from sim.algorithms.base import Algorithm, Exchange, register
 
 
 class AllgatherSparse(Algorithm):
@@ -43,7 +43,7 @@ class AllgatherSparse(Algorithm):
         return Exchange(g, res, len(sel), len(sel))
 
     def timing_payloads(self, spec, P, d, rng):
-        from ..timing import random_selection
+        from sim.comm.payloads import random_selection
 
         # the allgather moves each rank's k entries whatever they are: one selection serves every rank
         return [random_selection(spec.k, d, rng)] * P
@@ -61,7 +61,7 @@ class AllgatherSparse(Algorithm):
         return out
 
     def fast_exchange(self, eng, spec, d, it, G):
-        from ..fastsim import _binomial, _mapper
+        from sim.engine.fastsim import _binomial, _mapper
 
         eng.compute("select", d, it)
         P = eng.P
@@ -84,8 +84,8 @@ class AllgatherSparse(Algorithm):
         eng.compute("reduce", P * k, it)
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
-        from .. import costs
-        from .dense import _hier_params
+        from sim.comm import costs
+        from sim.algorithms.dense import _hier_params
 
         vb, ib = spec.value_bytes, spec.index_bytes
         if spec.collective == "hierarchical":
@@ -119,15 +119,15 @@ def select_topk_torch(acc, k: int):
 
     acc: 1-D float tensor (n,), no NaN; k: 1 <= k <= n. Returns (idx, val): int64 tensor (m,) ascending,
     m <= k, and acc at idx (acc's dtype and device). On CPU (float32/float64) it is
-    :func:`sim.compression.topk` (the exact one-pass selection) on a zero-copy numpy view of acc; elsewhere
-    :func:`sim.torch_backend.topk_torch` (``torch.topk`` for the k-th magnitude, then the tie rule) -- the
+    :func:`sim.comm.compression.topk` (the exact one-pass selection) on a zero-copy numpy view of acc; elsewhere
+    :func:`sim.comm.torch_kernels.topk_torch` (``torch.topk`` for the k-th magnitude, then the tie rule) -- the
     same indices and values. Raises NonFiniteError naming the first NaN coordinate. Used by the DDP hooks of
-    Top-k and gTop-k (:mod:`sim.ddp_hooks`)."""
+    Top-k and gTop-k (:mod:`sim.distributed.ddp_hooks`)."""
     import torch
 
     if acc.device.type == "cpu" and acc.dtype in (torch.float32, torch.float64):
         s = topk(acc.detach().numpy(), int(k))
         return torch.from_numpy(s.idx), torch.from_numpy(s.val)
-    from ..torch_backend import topk_torch
+    from sim.comm.torch_kernels import topk_torch
 
     return topk_torch(acc, int(k))

@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import ConfigError
-from .tables import dumps_layer_table
-from .zoo import TABLES_DIR, ZOO_MODELS, table_path, zoo_from_torch
+from sim.base.errors import ConfigError
+from sim.workloads.tables import dumps_layer_table
+from sim.workloads.zoo import TABLES_DIR, ZOO_MODELS, table_path, zoo_from_torch
 
 
 def main(argv=None) -> int:

@@ -28,8 +28,8 @@ utilisation); small models at small batches (ResNet-20 on CIFAR-10) reach much l
 """
 from __future__ import annotations
 
-from ..errors import ConfigError
-from .model import DeviceModel
+from sim.base.errors import ConfigError
+from sim.workloads.model import DeviceModel
 
 __all__ = ["DEVICES", "DEFAULT_EFFICIENCY", "get_device"]
 

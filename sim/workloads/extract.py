@@ -46,9 +46,9 @@ import statistics
 import time
 from collections import defaultdict
 
-from .._optional import torch_module
-from ..errors import ConfigError, check_int
-from .model import LayerCost, ParamTensor, Workload
+from sim.base.optional import torch_module
+from sim.base.errors import ConfigError, check_int
+from sim.workloads.model import LayerCost, ParamTensor, Workload
 
 __all__ = ["from_torch", "measure_torch", "ROOT_LAYER"]
 

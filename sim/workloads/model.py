@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, check_int, check_real
+from sim.base.errors import ConfigError, check_int, check_real
 
 __all__ = ["ParamTensor", "LayerCost", "DeviceModel", "Workload"]
 

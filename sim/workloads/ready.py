@@ -1,7 +1,7 @@
 """The order in which autograd makes a torch module's parameter gradients ready (what DDP's buckets follow)."""
 from __future__ import annotations
 
-from ..errors import ConfigError
+from sim.base.errors import ConfigError
 
 __all__ = ["observe_ready_order"]
 

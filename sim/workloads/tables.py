@@ -38,7 +38,7 @@ The same content: top-level ``name``, ``input``, ``source``, ``measured_batch`` 
 (``forward_s``/``backward_s`` instead of or beside the FLOPs; ``param_index`` and ``ready_index``
 optional in each tensor.)
 
-Every malformed input raises :class:`~sim.errors.ConfigError` with one line naming the file, the line
+Every malformed input raises :class:`~sim.base.errors.ConfigError` with one line naming the file, the line
 (CSV) or layer (TOML), the value and the valid range.
 """
 from __future__ import annotations
@@ -52,8 +52,8 @@ import re
 import tomllib
 from pathlib import Path
 
-from ..errors import ConfigError
-from .model import LayerCost, ParamTensor, Workload
+from sim.base.errors import ConfigError
+from sim.workloads.model import LayerCost, ParamTensor, Workload
 
 __all__ = ["load_layer_table", "save_layer_table", "dumps_layer_table", "TABLE_COLUMNS"]
 

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import ConfigError
-from .model import Workload
-from .tables import load_layer_table
+from sim.base.errors import ConfigError
+from sim.workloads.model import Workload
+from sim.workloads.tables import load_layer_table
 
 __all__ = ["ZOO_MODELS", "ZOO", "ZooEntry", "TABLES_DIR", "get_model", "table_path", "build_module",
            "zoo_from_torch"]
@@ -118,7 +118,7 @@ def build_module(name: str, *, device="meta"):
     e = _entry(name)
     import torch
 
-    from .torch_defs import BUILDERS
+    from sim.workloads.torch_defs import BUILDERS
 
     with torch.device(device):
         return BUILDERS[e.name]()
@@ -130,7 +130,7 @@ def zoo_from_torch(name: str) -> Workload:
     e = _entry(name)
     import torch
 
-    from .extract import _FLOPS_NOTE, from_torch
+    from sim.workloads.extract import _FLOPS_NOTE, from_torch
 
     return from_torch(build_module(name), e.input_shape, name=e.name,
                       dtype=torch.long if e.tokens else torch.float32, source=f"{e.source}; {_FLOPS_NOTE}")

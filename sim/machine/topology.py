@@ -12,7 +12,7 @@ arrived when its last byte has crossed the last link (``end + latency``). Alone 
 the sum of the latencies plus n / (the smallest bandwidth). Messages queue at a link in order of head
 arrival. So G ranks that send m bytes each through one shared NIC at once finish at alpha_e + G m beta_e,
 and alone or on their own NICs at alpha_e + m beta_e (docs/costs.md's hand check). (The flat
-:class:`sim.network.NetworkSpec` keeps ASTRA-sim's store-and-forward rule, whose exact values it is tested on.)
+:class:`sim.machine.network.NetworkSpec` keeps ASTRA-sim's store-and-forward rule, whose exact values it is tested on.)
 
 - **Intra-node fabric** (``intra``): each GPU has one port into the node's fabric, an up link
   ``gpu -> fabric`` and a down link ``fabric -> gpu``, each with latency ``intra_alpha_s / 2`` and
@@ -44,7 +44,7 @@ Paths (link ids in level order, the order every path visits them): ``gpu_up (0)`
 Other node: NIC levels 1 and 4, plus 0 and 5 with PCIe, plus 2 and 3 between leaves.
 
 A flat cluster is ``gpus_per_node = 1`` with the ``nvswitch`` fabric: every path is NIC up, NIC down, and
-an uncontended message costs alpha + n beta as on :class:`sim.network.NetworkSpec`'s star.
+an uncontended message costs alpha + n beta as on :class:`sim.machine.network.NetworkSpec`'s star.
 
 Presets (:data:`CLUSTER_PRESETS`), each node shape with the source of its numbers; P comes from the run.
 """
@@ -55,7 +55,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .errors import ConfigError, check_int, check_real
+from sim.base.errors import ConfigError, check_int, check_real
 
 __all__ = ["INTRA_FABRICS", "ClusterSpec", "CLUSTER_PRESETS", "get_cluster_preset", "LEVELS"]
 

@@ -1,19 +1,19 @@
 """The fast engine: one simulated S-SGD iteration for thousands of ranks, a vectorised round at a time.
 
-The message-level engine (:mod:`sim.cluster`, SimPy) moves every message through the network as an event:
+The message-level engine (:mod:`sim.engine.cluster`, SimPy) moves every message through the network as an event:
 the dense ring at P = 1024 is 2.1M messages and takes minutes. This engine evaluates a collective a whole
 *round* at a time with numpy over all P ranks, using the same communication patterns as the per-rank
-programs: the schedules of :mod:`sim.collectives` (``ring_schedule``, ``rd_schedule``, ``bruck_schedule``,
+programs: the schedules of :mod:`sim.comm.collectives` (``ring_schedule``, ``rd_schedule``, ``bruck_schedule``,
 ``binomial_reduce_schedule``, ``binomial_bcast_schedule``) are written once and evaluated here on an array
 of ranks, there on one rank. Memory is O(P) per round.
 
 Model (the same rules, and the same floating-point operations, as the message-level engine):
 
-- each rank has a clock ``ready[r]``; a Compute costs :meth:`sim.compute.ComputeModel.seconds_all`;
+- each rank has a clock ``ready[r]``; a Compute costs :meth:`sim.machine.compute.ComputeModel.seconds_all`;
 - a message from s to d starts when both have posted (rendezvous): ``max(ready[s], ready[d])``;
-- it crosses its route's links: on a :class:`~sim.topology.ClusterSpec`, pipelined links cut into runs of
-  unshared links and single shared links (:meth:`~sim.topology.ClusterSpec.path_plan`); on a flat
-  :class:`~sim.network.NetworkSpec`, store-and-forward hops (latency + n / bandwidth each). A shared link
+- it crosses its route's links: on a :class:`~sim.machine.topology.ClusterSpec`, pipelined links cut into runs of
+  unshared links and single shared links (:meth:`~sim.machine.topology.ClusterSpec.path_plan`); on a flat
+  :class:`~sim.machine.network.NetworkSpec`, store-and-forward hops (latency + n / bandwidth each). A shared link
   serves heads FIFO in order of arrival, ties to the lower sending rank;
 - a sender is done when its message has arrived, a receiver when the message it waits for has arrived, a
   rank that both sends and receives (SendRecv) when both are done.
@@ -32,15 +32,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import collectives as C
-from .algorithms import AlgorithmSpec
-from .cluster import CATEGORY_OF_KIND
-from .compute import ComputeModel
-from .errors import ConfigError, SparsimError, check_range
-from .network import NetworkSpec
-from .topology import ClusterSpec
+from sim.comm import collectives as C
+from sim.algorithms import AlgorithmSpec
+from sim.engine.cluster import CATEGORY_OF_KIND
+from sim.machine.compute import ComputeModel
+from sim.base.errors import ConfigError, SparsimError, check_range
+from sim.machine.network import NetworkSpec
+from sim.machine.topology import ClusterSpec
 
-__all__ = ["FastCluster", "fast_iteration", "fast_collective", "simulate_timing_fast", "as_cluster",
+__all__ = ["FastCluster", "fast_iteration", "fast_collective", "as_cluster",
            "fast_engine_refusal"]
 
 
@@ -116,8 +116,8 @@ def _fifo(links, head, hold, tail, free, order, last_head):
 class FastCluster:
     """P simulated ranks advanced a round at a time (see the module docstring).
 
-    P: int >= 1. network: a :class:`~sim.network.NetworkSpec` (quantum_s = 0) or a
-    :class:`~sim.topology.ClusterSpec` with P ranks. compute: a :class:`~sim.compute.ComputeModel`
+    P: int >= 1. network: a :class:`~sim.machine.network.NetworkSpec` (quantum_s = 0) or a
+    :class:`~sim.machine.topology.ClusterSpec` with P ranks. compute: a :class:`~sim.machine.compute.ComputeModel`
     (default: zero costs). Attributes: ``ready`` (float array (P,), each rank's clock in s), ``busy``
     (float array (P, 3): s per rank in compute / compress / comm, cumulative), ``messages`` and ``bytes``
     (totals sent, ints). Raises SparsimError / ConfigError for bad input (see :func:`as_cluster`).
@@ -162,7 +162,7 @@ class FastCluster:
 
     # -- compute ---------------------------------------------------------------------------
     def compute(self, kind: str, work, iteration: int) -> None:
-        """Every rank computes ``work`` (scalar or (P,) array) of ``kind`` (:data:`sim.ops.COMPUTE_KINDS`)."""
+        """Every rank computes ``work`` (scalar or (P,) array) of ``kind`` (:data:`sim.base.ops.COMPUTE_KINDS`)."""
         m = self.model
         if {"merge": m.merge_coeff_s, "reduce": m.reduce_coeff_s, "update": m.update_coeff_s}.get(kind, 1.0) == 0.0:
             return  # costs nothing on any rank
@@ -247,7 +247,7 @@ class FastCluster:
 
     def _plan(self, R, order):
         """The segments the messages with routes R (int array (m, 6), -1 = level not crossed) go through, in
-        order, as :meth:`sim.topology.ClusterSpec.path_plan` cuts each path: ``("run", k, L, inv)`` flushes the
+        order, as :meth:`sim.machine.topology.ClusterSpec.path_plan` cuts each path: ``("run", k, L, inv)`` flushes the
         accumulated run of unshared links of messages k (None: all), ``("link", k, links, lat, bw, state)``
         is a shared level. Built once per route; evaluated every round by :meth:`_transfer`."""
         m = R.shape[0]
@@ -317,7 +317,7 @@ class FastCluster:
         if self._unshared:
             _, L, inv = route
             return start + (L + nb * inv)
-        if isinstance(f, ClusterSpec):  # pipelined links (sim.topology), the message-level engine's arithmetic
+        if isinstance(f, ClusterSpec):  # pipelined links (sim.machine.topology), the message-level engine's arithmetic
             arrive = np.empty(start.shape)
             for gidx, segs in route:
                 head = start if gidx is None else start[gidx]
@@ -368,7 +368,7 @@ class FastCluster:
                 else:
                     arrive[gidx] = fin
             return arrive
-        # ring topology: store-and-forward links (sim.network), every one shared
+        # ring topology: store-and-forward links (sim.machine.network), every one shared
         lat, bw = f.link_latency_s, f.link_bandwidth_Bps
         hold_all = np.broadcast_to(nb / bw, start.shape)
         t = start.copy()
@@ -592,45 +592,17 @@ def _gtopk_rd(eng, pos, n, to_rank, k, s_el, b, it, active=None):
 
 def fast_collective(eng: FastCluster, spec: AlgorithmSpec, d: int, it: int, G: int = 1) -> None:
     """Run ``spec``'s exchange (selection and collective) on every rank of ``eng`` in timing-only terms (the sizes
-    of :func:`sim.timing.timing_program`: dense messages of d values, sparse selections of exactly k entries,
+    of :func:`sim.engine.timing.timing_program`: dense messages of d values, sparse selections of exactly k entries,
     every merge keeping k), by the algorithm's :meth:`~sim.algorithms.Algorithm.fast_exchange`. G: ranks per node
     for the hierarchical collectives. Raises ConfigError if ``spec.segments`` is set (layer-wise timing is done by
-    the iteration timeline, sim/timeline.py) or the algorithm has no fast-engine form."""
-    spec.require_whole_model("the fast engine (sim.fastsim)")
+    the iteration timeline, sim/engine/timeline.py) or the algorithm has no fast-engine form."""
+    spec.require_whole_model("the fast engine (sim.engine.fastsim)")
     spec.algorithm.fast_exchange(eng, spec, d, it, G)
 
 
 def fast_iteration(eng: FastCluster, spec: AlgorithmSpec, d: int, batch_size: int, it: int, G: int = 1) -> None:
-    """One timing-only S-SGD iteration on every rank, the operations of :func:`sim.timing.timing_program`:
+    """One timing-only S-SGD iteration on every rank, the operations of :func:`sim.engine.timing.timing_program`:
     forward_backward, the exchange (selection for sparse algorithms, the collective), update."""
     eng.compute("forward_backward", batch_size, it)
     fast_collective(eng, spec, d, it, G)
     eng.compute("update", d, it)
-
-
-def simulate_timing_fast(spec: AlgorithmSpec, P: int, d: int, *, network, compute: ComputeModel | None = None,
-                         batch_size: int = 1, iterations: int = 1):
-    """:func:`sim.timing.simulate_timing` on the fast engine; returns a :class:`sim.timing.TimingResult`.
-
-    Every iteration starts with all ranks together (synchronous S-SGD). Memory O(P) (a step replayed event by
-    event: O(its messages)). Raises SparsimError / ConfigError for bad P, d, k or iterations, or a network the
-    fast engine does not model (:func:`fast_engine_refusal`), and ConfigError if ``spec.segments`` is set
-    (layer-wise timing is done by the iteration timeline, sim/timeline.py)."""
-    from .timing import TimingResult
-
-    spec.require_whole_model("the fast engine (sim.fastsim)")
-
-    check_range("P", P, 1)
-    check_range("d", d, 1)
-    check_range("iterations", iterations, 1)
-    spec.check_dim(d)
-    eng = FastCluster(P, network, compute)
-    G = spec.gpus_per_node  # as sgd_step and timing_program take it (sim.timing checks it against the cluster)
-    times = []
-    for it in range(iterations):
-        t0 = eng.barrier()
-        eng.step(lambda e: fast_iteration(e, spec, d, batch_size, it + 1, G))
-        times.append(float(eng.ready.max()) - t0)
-    b0 = eng.busy[0] / iterations
-    return TimingResult(np.asarray(times), float(b0[0]), float(b0[1]), float(b0[2]),
-                        eng.messages // iterations, eng.bytes // iterations)

@@ -2,7 +2,7 @@
 
 Two lines add gTop-k to an existing DDP training loop::
 
-    from sim.ddp_hooks import register_sparse_hook
+    from sim.distributed.ddp_hooks import register_sparse_hook
     state = register_sparse_hook(ddp_model, "gtopk", density=0.01)
 
 or, mirroring torch's ``PowerSGDState`` + ``powerSGD_hook``::
@@ -26,27 +26,27 @@ exact zeros never sent; rand-k: k coordinates drawn as :func:`sim.algorithms.sgd
   or the released code's rule (``mask="reference"``),
 
 and the hook returns ``g / P`` for DDP to copy into the gradients (DDP expects an average). These are the
-definitions of :func:`sim.algorithms.sgd_step` and :mod:`sim.collectives`; the hook computes them with torch
+definitions of :func:`sim.algorithms.sgd_step` and :mod:`sim.comm.collectives`; the hook computes them with torch
 operations on the gradient's device, and ``tests/test_ddp_hooks*.py`` check, in float64, that a model
-trained through the hook equals bit for bit the one :func:`sim.torch_backend.run_worker` and the simulator
+trained through the hook equals bit for bit the one :func:`sim.distributed.backend.run_worker` and the simulator
 (lock-step driver) train, for every scope and algorithm, and that the torch replay of the gTop-k merges
-equals :func:`sim.collectives.gtopk_tree` / :func:`~sim.collectives.gtopk_rd` (values and masks).
+equals :func:`sim.comm.collectives.gtopk_tree` / :func:`~sim.comm.collectives.gtopk_rd` (values and masks).
 
 Asynchronous (``wire="allgather"``, the default of :class:`SparseState`). Per DDP bucket the hook, on the
 autograd thread, forms the accumulators in place in the residual buffers, selects (CPU:
-:func:`sim.compression.topk`, the exact one-pass selection, on a zero-copy view of the tensor; GPU:
-:func:`sim.torch_backend.topk_torch`, ``torch.topk`` plus the tie rule), packs the values and indices
+:func:`sim.comm.compression.topk`, the exact one-pass selection, on a zero-copy view of the tensor; GPU:
+:func:`sim.comm.torch_kernels.topk_torch`, ``torch.topk`` plus the tie rule), packs the values and indices
 into one byte tensor and launches ONE asynchronous ``all_gather`` on the DDP model's process group
 (gloo on CPU, NCCL on GPU); it returns that collective's ``torch.futures.Future`` chained (``.then``) with
 the unpacking, the sum in rank order (or the local replay of the gTop-k merges, in the order of
-:func:`sim.collectives.gtopk_tree` / :func:`~sim.collectives.gtopk_rd`, so every rank computes the same g
+:func:`sim.comm.collectives.gtopk_tree` / :func:`~sim.comm.collectives.gtopk_rd`, so every rank computes the same g
 and its own mask, bit for bit the definitions; on the CPU the merges of all the bucket's units run at once,
 one per step of the schedule, on numpy views) and the residual update. Backward continues while the
 collective runs, as with DDP's allreduce and the PowerSGD hook. The wire pattern is therefore an
 allgather of P x k entries per unit: for gTop-k that is the Top-k wire volume, (P - 1) k s bytes received
 per rank, not the 2 k lg P of the tree (the numbers are the tree's; the messages are not). The exact wire
 pattern is available as ``wire="p2p"``: the sans-I/O programs themselves (:func:`sim.algorithms.sgd_step`)
-run synchronously inside the hook over :class:`sim.torch_backend.TorchTransport` point-to-point messages
+run synchronously inside the hook over :class:`sim.distributed.backend.TorchTransport` point-to-point messages
 (the binomial tree really sends 2 lg P messages of k entries), blocking backward while they run.
 
 Selection scope (``scope``):
@@ -81,7 +81,7 @@ Step size: the error-feedback accumulator is ``eps + lr * grad`` with the hook's
 step size as the hook's ``lr`` and use ``torch.optim.SGD(lr=1.0)`` without momentum or weight decay: that is
 Algorithm 1 of Shi et al. (IJCAI 2019) exactly (tested bit-identical in float64).
 
-Limits: NaN/Inf in an accumulator raise :class:`~sim.errors.NonFiniteError` on that rank (its peers then
+Limits: NaN/Inf in an accumulator raise :class:`~sim.base.errors.NonFiniteError` on that rank (its peers then
 wait for the process group's timeout): AMP's GradScaler, which expects inf gradients to pass through,
 is not supported. Sparse gradients (``nn.Embedding(sparse=True)``) are not supported (DDP gives no buffer).
 Every algorithm of the registry (:mod:`sim.algorithms`: PowerSGD, DGC, Ok-Topk, Gaussian-k, CLT-k, SparCML,
@@ -101,8 +101,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .algorithms import RANDK_STREAM, REGISTRY, AlgorithmSpec, sgd_step
-from .errors import DIVERGENCE_LIMIT, ConfigError, NonFiniteError, SparsimError, check_range
+from sim.algorithms import RANDK_STREAM, REGISTRY, AlgorithmSpec, sgd_step
+from sim.base.errors import DIVERGENCE_LIMIT, ConfigError, NonFiniteError, SparsimError, check_range
 
 __all__ = ["SparseState", "SparseHookState", "sparse_hook", "register_sparse_hook", "dgc_warmup", "SCOPES",
            "WIRES", "HookAlgorithm", "HOOK_ALGORITHMS", "register_hook_algorithm", "select_topk", "select_randk",
@@ -124,7 +124,7 @@ def select_topk(acc, k: int, state=None):
     """TopK(acc) on a torch tensor (the Top-k and gTop-k hooks' selection): :func:`sim.algorithms.topk.
     select_topk_torch` -- acc 1-D float tensor (n,), 1 <= k <= n; returns (idx int64 ascending, val), at most
     k entries, ties to the lower index, exact zeros never selected. ``state`` is unused (the plug-in signature)."""
-    from .algorithms.topk import select_topk_torch
+    from sim.algorithms.topk import select_topk_torch
 
     return select_topk_torch(acc, k)
 
@@ -185,7 +185,7 @@ def register_hook_algorithm(name: str, select: Callable, combine: str = "sum", *
 
 def _topk_positions_torch(val, k: int):
     """Ascending positions of the k largest |val| (ties to the lower position) that are not exactly zero:
-    :func:`sim.compression._topk_positions` in torch (int64 tensor, at most k entries)."""
+    :func:`sim.comm.compression._topk_positions` in torch (int64 tensor, at most k entries)."""
     import torch
 
     n = int(val.shape[0])
@@ -201,7 +201,7 @@ def _topk_positions_torch(val, k: int):
 
 
 def merge_torch(a, b, k: int):
-    """The gTop-k merge operator a T b = TopK(a + b) on torch tensors: :func:`sim.compression.merge`, bit for bit.
+    """The gTop-k merge operator a T b = TopK(a + b) on torch tensors: :func:`sim.comm.compression.merge`, bit for bit.
 
     a, b: (idx, val) pairs, idx int64 (m,) strictly ascending, val float (m,); k >= 1. Returns (idx, val):
     the union of the supports ascending with the sums ``(0 + a_i) + b_i`` (``0 + a_i`` / ``0 + b_i`` where one
@@ -229,15 +229,15 @@ def gtopk_replay(sels: list, k: int, rank: int, collective: str = "tree", exact:
     """The result of a gTop-k collective, computed locally from every rank's selection.
 
     sels: P pairs (idx int64 ascending, val float), rank q's TopK(acc_q) (exact zeros removed), as an allgather
-    delivers them. Replays the merges of :func:`sim.collectives.gtopk_tree` (binomial reduce to rank 0,
-    ``collective="tree"``) or :func:`sim.collectives.gtopk_rd` (MPICH recursive doubling with the fold for P
+    delivers them. Replays the merges of :func:`sim.comm.collectives.gtopk_tree` (binomial reduce to rank 0,
+    ``collective="tree"``) or :func:`sim.comm.collectives.gtopk_rd` (MPICH recursive doubling with the fold for P
     not a power of two, ``"recursive_doubling"``) in their order, and tracks which of ``rank``'s entries
     survive every merge they enter (the exact mask's rule). Returns (g_idx, g_val, applied): g identical on
     every rank, applied a bool tensor over sels[rank] (exact: survived every merge; ``exact=False``: the
     released code's rule, own index in the support of g). Bit for bit what the sans-I/O collective returns
     on ``rank`` (tests/test_ddp_hooks_ops.py, both implementations).
 
-    impl: ``"numpy"`` -- :func:`sim.compression.merge` itself on zero-copy numpy views (CPU tensors only; the
+    impl: ``"numpy"`` -- :func:`sim.comm.compression.merge` itself on zero-copy numpy views (CPU tensors only; the
     default there: about 4x faster than the torch operations for the hook's selections, which are small
     and many); ``"torch"`` -- :func:`merge_torch` on the tensors' device (the default elsewhere).
     Raises ConfigError for another collective or impl.
@@ -264,10 +264,10 @@ def gtopk_replay(sels: list, k: int, rank: int, collective: str = "tree", exact:
 
 
 def _replay_numpy(sels: list, k: int, rank: int, collective: str, exact: bool):
-    """:func:`gtopk_replay` on numpy (idx int64, val) pairs with :func:`sim.compression.merge`; returns numpy
+    """:func:`gtopk_replay` on numpy (idx int64, val) pairs with :func:`sim.comm.compression.merge`; returns numpy
     (g_idx, g_val, applied)."""
-    from .collectives import _in_sorted
-    from .compression import Sparse, merge
+    from sim.comm.collectives import _in_sorted
+    from sim.comm.compression import Sparse, merge
 
     d = max([k] + [int(i[-1]) + 1 for i, _ in sels if i.shape[0]])  # merge checks k <= d only
 
@@ -281,7 +281,7 @@ def _replay_numpy(sels: list, k: int, rank: int, collective: str, exact: bool):
 def _replay(sels: list, k: int, rank: int, collective: str, exact: bool, merge_fn, member, ones):
     """The merge order of :func:`gtopk_replay` with the operations given: merge_fn(a, b) -> merged pair,
     member(a, b) -> bool over a (a_i in b), ones(a) -> all-True over a."""
-    from .collectives import binomial_reduce_schedule, rd_schedule
+    from sim.comm.collectives import binomial_reduce_schedule, rd_schedule
 
     P = len(sels)
     cur = list(sels)
@@ -737,7 +737,7 @@ class SparseHookState(SparseState):
                          timeout_s=timeout_s, scope=scope, wire=wire, **kwargs)
 
     def transport(self, device: str):
-        """The :class:`~sim.torch_backend.TorchTransport` of this rank (created on first use)."""
+        """The :class:`~sim.distributed.backend.TorchTransport` of this rank (created on first use)."""
         return _transport(self, device)
 
 
@@ -749,7 +749,7 @@ def _transport(state: SparseState, device: str):
     if state._transport is None:
         import torch.distributed as dist
 
-        from .torch_backend import TorchTransport
+        from sim.distributed.backend import TorchTransport
 
         rank, P = state._group_rank_size()
         tr = TorchTransport(rank, P, device=device, timeout_s=state.timeout_s)
@@ -1016,10 +1016,10 @@ def _merge_units(a, b, starts, ks):
     """The gTop-k merge a T b of every unit at once, on numpy (idx, val) pairs of global indices (ascending).
 
     Unit u holds the indices [starts[u], starts[u + 1]); ks[u] is its k. The same operations as
-    :func:`sim.compression.merge` on each unit: the union of the supports with the sums ``(0 + a_i) + b_i``
+    :func:`sim.comm.compression.merge` on each unit: the union of the supports with the sums ``(0 + a_i) + b_i``
     (``0 + a_i`` / ``0 + b_i`` where one holds the index) in the promoted dtype, then in each unit its ks[u]
     largest magnitudes (ties to the lower index), exact zeros dropped (tests/test_ddp_hooks_ops.py)."""
-    from .compression import _topk_positions, sum_on_union
+    from sim.comm.compression import _topk_positions, sum_on_union
 
     idx, val = sum_on_union(a[0], a[1], b[0], b[1])
     keep = val != 0
@@ -1037,7 +1037,7 @@ def _combine_gtopk_units(state: SparseState, o: np.ndarray, units, rows_np, P: i
     (:func:`_merge_units`), g / P goes into ``o`` and this rank's residuals lose what reached g. Bit for bit the
     per-unit replay (units are disjoint index ranges, each merged by the same rule in the same order).
     Returns the entries applied."""
-    from .collectives import _in_sorted
+    from sim.comm.collectives import _in_sorted
 
     starts = np.array([u[0] for u in units] + [units[-1][0] + units[-1][1]], dtype=np.int64)
     ks = np.array([u[2] for u in units], dtype=np.int64)
@@ -1211,7 +1211,7 @@ def _p2p_unit(state: SparseState, grad_np: np.ndarray, eps_np: np.ndarray, k: in
               unit: tuple = ()):
     """One sgd_step over the unit ``unit`` (its parameter names) through the TorchTransport, with the unit's
     algorithm state (``state.algo_state[unit]``, updated); returns its StepOutput."""
-    from .torch_backend import execute
+    from sim.distributed.backend import execute
 
     rank, P = state._group_rank_size()
     tr = _transport(state, device) if P > 1 else None

@@ -6,13 +6,13 @@ One synchronous S-SGD iteration on P ranks, as PyTorch DDP, Horovod and the spar
   of a parameter tensor is ready when its layer's backward ends; after the last bucket's result is in,
   the optimizer ``update`` (``update_coeff_s`` per parameter). A rank's compute times are the workload's
   per-layer times times the compute model's per-(rank, iteration) factor (jitter, stragglers:
-  :meth:`sim.compute.ComputeModel.forward_backward_factor`).
+  :meth:`sim.machine.compute.ComputeModel.forward_backward_factor`).
 - **communication stream** (per rank): the communication operations in a fixed order. An operation is a
   *bucket* (a group of parameter tensors): for a sparse algorithm its selection (``select_coeff_s``
   x log2 x over the bucket's x elements) runs on this stream as soon as the bucket's gradients are ready and
   the previous operation is over (a comm hook runs it before launching the collective); the collective starts
   when every rank has its input ready (it is synchronous across ranks) and lasts what the cluster simulation
-  of that collective alone says (:func:`sim.timing.simulate_timing`, the same engines and the same
+  of that collective alone says (:func:`sim.engine.timing.simulate_timing`, the same engines and the same
   collectives as everything else; operations of one stream never overlap, as NCCL ops on one stream and
   gloo ops in one process group do not, so each is simulated in isolation). The compute stream does not slow the
   network and vice versa (no contention between streams is modelled).
@@ -26,12 +26,12 @@ Policies (:class:`TimelinePolicy`):
   and allreduces them one after the other; the next cycle starts ``cycle_time_s`` after this one started or
   when its allreduces end, whichever is later (Horovod >= 0.21 defaults: 1 ms, 128 MiB);
 - ``none`` (dense) and ``model`` (sparse): one buffer of the whole model after backward -- the released
-  gTop-k code's policy and the model of :func:`sim.timing.simulate_timing`, which this equals exactly;
+  gTop-k code's policy and the model of :func:`sim.engine.timing.simulate_timing`, which this equals exactly;
 - sparse ``bucket`` / ``layer``: selection per DDP bucket / per layer (the tensors of one layer), overlapped
   with backward, ``k_b = max(1, round(density x d_b))`` for a bucket of d_b elements.
 - ``blocking=True`` (any policy but ``horovod``): each communication operation (selection + collective) runs
   synchronously on the compute stream, as a DDP comm hook that does its collective inside the hook (the
-  project's :func:`sim.ddp_hooks.sparse_hook`, on the autograd thread): a rank's backward stops when the
+  project's :func:`sim.distributed.ddp_hooks.sparse_hook`, on the autograd thread): a rank's backward stops when the
   bucket is ready and resumes when the collective ends, so later buckets are ready later by the stalls (which
   count as exposed communication).
 
@@ -51,10 +51,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .algorithms import AlgorithmSpec, segment_k
-from .compute import ComputeModel
-from .errors import ConfigError, check_int, check_real
-from .workloads.model import DeviceModel, Workload
+from sim.algorithms import AlgorithmSpec, segment_k
+from sim.machine.compute import ComputeModel
+from sim.base.errors import ConfigError, check_int, check_real
+from sim.workloads.model import DeviceModel, Workload
 
 __all__ = ["DENSE_POLICIES", "SPARSE_POLICIES", "TimelinePolicy", "Bucket", "ddp_buckets", "layer_buckets",
            "whole_model_bucket", "horovod_fusion", "CollectiveTimer", "IterationTimeline", "TimelineResult",
@@ -233,7 +233,7 @@ def horovod_fusion(ready: np.ndarray, numel: np.ndarray, threshold_bytes: int, c
 class CollectiveTimer:
     """Seconds of one collective of ``spec`` over ``numel`` elements on the cluster, simulated alone and cached.
 
-    Runs :func:`sim.timing.simulate_timing` for one iteration with a compute model that keeps only the
+    Runs :func:`sim.engine.timing.simulate_timing` for one iteration with a compute model that keeps only the
     collective's own compute (merge and reduce coefficients) and no forward/backward, selection or update,
     so the result is the collective's time on that engine. network: a NetworkSpec or ClusterSpec with P ranks.
     """
@@ -248,7 +248,7 @@ class CollectiveTimer:
     def _run(self, spec: AlgorithmSpec, numel: int) -> tuple[float, float]:
         key = (spec, int(numel))
         if key not in self._cache:
-            from .timing import simulate_timing
+            from sim.engine.timing import simulate_timing
 
             r = simulate_timing(spec, self.P, int(numel), network=self.network, compute=self.compute,
                                 iterations=1, engine=self.engine)

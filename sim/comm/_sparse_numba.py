@@ -1,4 +1,4 @@
-"""Numba kernel of the dense sum of sparse selections (:func:`sim.collectives.sparse_sum`); imported lazily,
+"""Numba kernel of the dense sum of sparse selections (:func:`sim.comm.collectives.sparse_sum`); imported lazily,
 only when numba is installed.
 
 :func:`sum_into` adds P sparse vectors (rank order) into a dense vector, walking the coordinates in chunks that
@@ -50,7 +50,7 @@ def sum_into(g, idxs, vals, chunk):
 def sum_into_by_rank(g, idxs, vals):
     """:func:`sum_into` without the chunks: vector r = 0..P-1 in turn, each one pass in index order (the bits of
     ``for b in blocks: g[b.idx] += b.val``, the same as :func:`sum_into`'s). Faster below about a thousand
-    vectors when g lies in 4 KiB pages (the heap the CLI keeps, ``sim._malloc``): the chunked walk keeps 2P
+    vectors when g lies in 4 KiB pages (the heap the CLI keeps, ``sim.base.malloc``): the chunked walk keeps 2P
     streams of indices and values open at once. Same index rule and return value as :func:`sum_into`."""
     d = g.shape[0]
     for r in range(len(idxs)):

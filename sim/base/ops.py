@@ -1,6 +1,6 @@
 """The sans-I/O operations that every collective and every algorithm step yields.
 
-A collective (``sim.collectives``) or an S-SGD worker step (``sim.algorithms``) is a Python
+A collective (``sim.comm.collectives``) or an S-SGD worker step (``sim.algorithms``) is a Python
 generator, one per rank. It never touches a clock or a socket: it *yields* operations and a
 driver carries them out.
 
@@ -20,8 +20,8 @@ uncontended message costs ``alpha + nbytes * beta`` (the alpha-beta model).
   defines); a simulated driver turns it into seconds through a compute model, a real driver
   ignores it (real time passes by itself).
 
-Drivers: ``sim.drivers.run_lockstep`` (no clock, plain Python), ``sim.cluster`` (SimPy network
-and compute models) and ``sim.torch_backend`` (torch.distributed point-to-point). Because the
+Drivers: ``sim.engine.drivers.run_lockstep`` (no clock, plain Python), ``sim.engine.cluster`` (SimPy network
+and compute models) and ``sim.distributed.backend`` (torch.distributed point-to-point). Because the
 numerics live in the generators, every driver computes the same numbers.
 """
 from __future__ import annotations
@@ -109,4 +109,4 @@ def signature(op) -> tuple:
         return ("AllReduce", op.nbytes)
     if isinstance(op, Compute):
         return ("Compute", op.kind)
-    raise TypeError(f"{op!r} is not a sim.ops operation")
+    raise TypeError(f"{op!r} is not a sim.base.ops operation")

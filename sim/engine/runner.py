@@ -16,13 +16,13 @@ from typing import Callable
 
 import numpy as np
 
-from .algorithms import AlgorithmSpec, StepOutput, sgd_step
-from .cluster import SimCluster
-from .compute import ComputeModel
-from .data import minibatch
-from .drivers import run_lockstep
-from .errors import DIVERGENCE_LIMIT, NonFiniteError, SparsimError, check_range
-from .network import NetworkSpec
+from sim.algorithms import AlgorithmSpec, StepOutput, sgd_step
+from sim.engine.cluster import SimCluster
+from sim.machine.compute import ComputeModel
+from sim.workloads.data import minibatch
+from sim.engine.drivers import run_lockstep
+from sim.base.errors import DIVERGENCE_LIMIT, NonFiniteError, SparsimError, check_range
+from sim.machine.network import NetworkSpec
 
 __all__ = ["METRIC_COLUMNS", "Workers", "BatchedGradients", "run_algorithm", "StepStats", "step_stats",
            "MetricsRecorder", "CLOCK_RTOL", "ARRAYS_PER_RANK", "ARRAYS_SHARED", "EVAL_COLUMNS"]
@@ -53,7 +53,7 @@ METRIC_COLUMNS = (
     "train_accuracy", "test_loss", "test_accuracy", "run_id",
 )
 
-#: The columns an objective with an ``evaluate(v)`` method (a network on images, :class:`sim.nets.NetObjective`)
+#: The columns an objective with an ``evaluate(v)`` method (a network on images, :class:`sim.workloads.nets.NetObjective`)
 #: fills at each evaluation point; empty otherwise.
 EVAL_COLUMNS = ("train_accuracy", "test_loss", "test_accuracy")
 
@@ -62,7 +62,7 @@ EVAL_COLUMNS = ("train_accuracy", "test_loss", "test_accuracy")
 class Workers:
     """The data side of P simulated workers: an objective, each worker's shard, batch size and seed.
 
-    objective: a :class:`sim.objectives.Objective`. shards: list of P int64 arrays of sample indices.
+    objective: a :class:`sim.workloads.objectives.Objective`. shards: list of P int64 arrays of sample indices.
     b: per-worker mini-batch size (samples). seed: int, seeds the mini-batch draws (worker r at
     iteration t draws with ``minibatch(shards[r], b, seed, r, t)``, independent of the driver).
     """
@@ -89,7 +89,7 @@ class Workers:
     def batch_indices(self, iteration: int) -> np.ndarray:
         """Every worker's mini-batch at ``iteration``: int64 array (P, b), row r = ``grad_fn(r, iteration)``'s.
 
-        The draws depend only on (seed, rank, iteration) (:func:`sim.data.minibatch`), so each iteration's array
+        The draws depend only on (seed, rank, iteration) (:func:`sim.workloads.data.minibatch`), so each iteration's array
         is drawn once and kept (read-only) for the next algorithm of the run, up to :data:`BATCH_MEMO_BYTES` in
         all; beyond that the draws are made again, with the same result."""
         memo = self._batch_memo
@@ -277,16 +277,16 @@ def _sum_rows(arrays) -> np.ndarray:
 class MetricsRecorder:
     """Turns each iteration's worker outputs into one metrics row; shared by every driver.
 
-    The simulated drivers (:func:`run_algorithm`) and the torch backend (:mod:`sim.torch_backend`,
+    The simulated drivers (:func:`run_algorithm`) and the torch backend (:mod:`sim.distributed.backend`,
     on rank 0) feed it the P :class:`~sim.algorithms.StepOutput` of iteration t plus the clock, so the
-    rows have one definition. objective: the :class:`sim.objectives.Objective` (loss_and_grad, or loss and
+    rows have one definition. objective: the :class:`sim.workloads.objectives.Objective` (loss_and_grad, or loss and
     full_grad). scratch: optional v -> the objective's scratch dict for point v (:meth:`BatchedGradients.scratch`),
     so that the full gradient reuses work done there for the batch gradients.
     T, lr, x0, eval_every, on_row, on_step: as in :func:`run_algorithm`. Creating it evaluates the
     objective at x0 and emits row 0. Attributes: ``rows`` (list of dicts, :data:`METRIC_COLUMNS`).
 
     Nothing it reports is silently wrong: NonFiniteError when the loss or ||grad f|| at x0 is not finite or
-    beyond :data:`~sim.errors.DIVERGENCE_LIMIT` (1e100; the data or the objective's parameters are to blame),
+    beyond :data:`~sim.base.errors.DIVERGENCE_LIMIT` (1e100; the data or the objective's parameters are to blame),
     and when an iteration's loss, ||grad f||, ||G_t|| or ||residual|| is (the run diverged: the message names
     the iteration, the algorithm and the values, and suggests a smaller step size); SparsimError when a time
     or byte count is not finite or the clock cannot resolve an iteration (:data:`CLOCK_RTOL`).
@@ -419,13 +419,13 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
     """Run T iterations of ``spec`` on ``len(workers.shards)`` workers; return the metrics rows.
 
     lr: t -> alpha_t (t = 1..T, > 0). x0: float64 or float32 array (d,), v_0 = x_0 on every worker; its dtype is the
-    arithmetic of parameters, accumulators and residuals (the objective's, :meth:`sim.objectives.Objective.astype`,
+    arithmetic of parameters, accumulators and residuals (the objective's, :meth:`sim.workloads.objectives.Objective.astype`,
     for gradients too), and ``spec.value_bytes`` may not exceed its item size.
     driver: "simpy" (needs ``network``; times from the network and compute models) or "lockstep"
     (numerics only; time columns are 0). eval_every: compute loss and grad_norm_sq of the full
     objective every this many iterations (and at the first and last); other rows leave them empty (nan).
     on_row(row) is called after each row (progress bars); on_step(t, outs) sees the raw outputs (tests).
-    clock: a :class:`sim.timeline.TimelineClock` (a network trained on images): the numbers come from the lock-step
+    clock: a :class:`sim.engine.timeline.TimelineClock` (a network trained on images): the numbers come from the lock-step
     driver and each iteration's time columns from the network's layer-wise timeline on the cluster (rank 0's split,
     the slowest rank's iteration time, its exposed communication and overlap ratio, as a ``[workload]`` run);
     with its time budget the run stops after the last iteration whose clock is within it (fewer than T rows).
@@ -433,9 +433,9 @@ def run_algorithm(spec: AlgorithmSpec, workers: Workers, *, T: int, lr: Callable
     statistics) is reset first, so each algorithm starts from the same state.
     Row 0 holds the initial point. Raises SparsimError for bad T, k, P, eval_every, x0 dtype or value_bytes,
     NonFiniteError naming worker and iteration if a gradient becomes NaN/Inf, naming the iteration, the algorithm
-    and the value when the run diverges (:data:`sim.errors.DIVERGENCE_LIMIT`), and SparsimError when the clock cannot
+    and the value when the run diverges (:data:`sim.base.errors.DIVERGENCE_LIMIT`), and SparsimError when the clock cannot
     resolve an iteration (:class:`MetricsRecorder`) or a time quantum truncates a hop to 0
-    (:class:`sim.network.NetworkSpec`).
+    (:class:`sim.machine.network.NetworkSpec`).
 
     The run uses one BLAS thread (threadpoolctl; restored afterwards): a multi-threaded BLAS splits products by
     its thread count, which changes their last bits, so the numbers would depend on the machine's cores.
@@ -471,7 +471,7 @@ def _run_algorithm(spec, workers, *, T, lr, x0, network, compute, driver, eval_e
                                "that")
         driver = "lockstep"
     elif driver == "simpy":
-        from .timing import check_cluster_matches
+        from sim.engine.timing import check_cluster_matches
 
         check_cluster_matches(spec, network)
     if driver not in ("simpy", "lockstep"):

@@ -1,10 +1,10 @@
 """Trace replay: the simulator's prediction of a real run's communication time, from its measured local time.
 
-The torch backend (:func:`sim.torch_backend.run_worker` with ``record_trace=True``) records, per rank and
+The torch backend (:func:`sim.distributed.backend.run_worker` with ``record_trace=True``) records, per rank and
 iteration, a :class:`StepTrace`: when the step started (this machine's monotonic clock) and how long
 the local Python code ran before each operation the S-SGD program yielded (gradient, top-k selection,
-merges, reductions, the update; see :func:`sim.torch_backend.execute`). :func:`replay` re-runs the same
-programs on a :class:`~sim.cluster.SimCluster` in which each rank spends exactly that measured local
+merges, reductions, the update; see :func:`sim.distributed.backend.execute`). :func:`replay` re-runs the same
+programs on a :class:`~sim.engine.cluster.SimCluster` in which each rank spends exactly that measured local
 time, starts at its measured offset, and only the messages go through the network model (alpha-beta,
 for instance from ``sparsim calibrate``). So a rank that waits for a slower peer waits in the
 replay too, and the difference between predicted and measured communication time is the network
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .algorithms import AlgorithmSpec, sgd_step
-from .cluster import SimCluster
-from .errors import SparsimError
-from .network import NetworkSpec
+from sim.algorithms import AlgorithmSpec, sgd_step
+from sim.engine.cluster import SimCluster
+from sim.base.errors import SparsimError
+from sim.machine.network import NetworkSpec
 
 __all__ = ["StepTrace", "ReplayResult", "replay"]
 
@@ -34,7 +34,7 @@ class StepTrace:
     start_s: step start on the measuring machine's monotonic clock (``time.perf_counter``, s; only
     differences between ranks of one machine are used). segments: ``(category, seconds, signature)``
     per yielded operation plus one for the end (category 0/1/2 = compute/compress/comm; signature:
-    :func:`sim.ops.signature` of the operation, ``("end",)`` for the end). busy_s: the
+    :func:`sim.base.ops.signature` of the operation, ``("end",)`` for the end). busy_s: the
     step's measured (compute, compress, comm) seconds, comm including the time blocked in messages.
     """
 
@@ -72,12 +72,12 @@ def replay(spec: AlgorithmSpec, workers, *, x0: np.ndarray, lr, network: Network
            traces: list[list[StepTrace]]) -> ReplayResult:
     """Replay a measured run of ``spec`` on the simulator and predict its communication time.
 
-    workers, x0, lr: exactly those of the measured run (:class:`sim.runner.Workers`, float array (d,),
+    workers, x0, lr: exactly those of the measured run (:class:`sim.engine.runner.Workers`, float array (d,),
     t -> alpha_t), so that every rank yields the same operations (the float64 trajectories of the two
     backends are bit-identical). network: the model to test. traces: ``traces[r][t - 1]`` is rank r's
     :class:`StepTrace` of iteration t, P ranks, T iterations each.
     Returns a :class:`ReplayResult`. Raises SparsimError for ragged traces or a trace that does not
-    match the program: other operations (kind, peer or message size, :func:`sim.ops.signature`), as
+    match the program: other operations (kind, peer or message size, :func:`sim.base.ops.signature`), as
     another algorithm, k or P gives. Other data or seeds with the same operations replay without
     error, and rightly so: the messages, all the replay models, are then the same.
     Start times are compared between ranks, so the traces must come from ranks of one machine

@@ -1,4 +1,4 @@
-"""Numba kernels of the exact top-k (:func:`sim.compression.topk`); imported lazily, only when numba is installed.
+"""Numba kernels of the exact top-k (:func:`sim.comm.compression.topk`); imported lazily, only when numba is installed.
 
 :func:`scan` builds, per block of 64 entries, a 64-bit mask of the entries with |x_i| >= t (a vectorised
 compare; NaN sets its bit too, since ``not (nan < t)``), then visits only the set bits (count trailing zeros):

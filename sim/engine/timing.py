@@ -3,25 +3,25 @@
 At d = 61M parameters and P = 128 workers the real numerics (P dense float arrays of d values, P
 accumulators, P dense sums) do not fit in memory, yet the simulated time of an iteration depends only
 on the sizes of the messages and on the compute work. This module runs the *unchanged* collectives of
-:mod:`sim.collectives` on payloads that have the right sizes but (almost) no data:
+:mod:`sim.comm.collectives` on payloads that have the right sizes but (almost) no data:
 
-- dense: :func:`phantom_dense` returns a float32 array of shape ``(d, 0)``. It holds no bytes, yet
-  ``shape[0] == d`` and every operation :func:`sim.collectives.ring_allreduce` and
-  :func:`~sim.collectives.rd_allreduce` perform on it -- ``np.array(x, copy=True)``, slicing along
+- dense: :func:`~sim.comm.payloads.phantom_dense` returns a float32 array of shape ``(d, 0)``. It holds no bytes, yet
+  ``shape[0] == d`` and every operation :func:`sim.comm.collectives.ring_allreduce` and
+  :func:`~sim.comm.collectives.rd_allreduce` perform on it -- ``np.array(x, copy=True)``, slicing along
   axis 0, ``.copy()``, ``+`` and slice assignment -- works and keeps the length bookkeeping exact,
   so the messages carry ``rows * value_bytes`` bytes exactly as with a real (d,) array. No line of the
   collectives changed.
-- sparse: :func:`random_selection` returns a real :class:`~sim.compression.Sparse` of k distinct random
+- sparse: :func:`~sim.comm.payloads.random_selection` returns a real :class:`~sim.comm.compression.Sparse` of k distinct random
   indices in [0, d) with random positive values, so the gTop-k merges and survival masks run for real
   (k <= 61,000 per rank here; each merge sees k + k entries of one sign and keeps exactly k, as with real
-  gradients). Top-k runs the same Bruck allgather :func:`sim.collectives.topk_allgather_sum` runs, and
+  gradients). Top-k runs the same Bruck allgather :func:`sim.comm.collectives.topk_allgather_sum` runs, and
   yields the same ``reduce`` operation, but skips its local dense sum (P float arrays of d values; it is
   numerics only, costed by that ``reduce`` operation).
 
 :func:`timing_program` mirrors :func:`sim.algorithms.sgd_step` operation for operation
 (``forward_backward``, ``select`` for sparse algorithms, the collective, ``update``);
 ``tests/test_timing.py`` checks that its simulated time equals the real ``sgd_step``'s at small d and
-that its collective time equals the closed forms of :mod:`sim.costs`.
+that its collective time equals the closed forms of :mod:`sim.comm.costs`.
 """
 from __future__ import annotations
 
@@ -29,57 +29,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .algorithms import AlgorithmSpec
-from .cluster import SimCluster
-from .compression import Sparse
-from .compute import ComputeModel
-from .errors import ConfigError, SparsimError, check_range
-from .network import NetworkSpec
-from .ops import Compute
+from sim.algorithms import AlgorithmSpec
+from sim.engine.cluster import SimCluster
+from sim.engine.fastsim import FastCluster, fast_iteration
+from sim.machine.compute import ComputeModel
+from sim.base.errors import ConfigError, SparsimError, check_range
+from sim.machine.network import NetworkSpec
+from sim.base.ops import Compute
 
-__all__ = ["phantom_dense", "random_selection", "timing_program", "TimingResult",
+__all__ = ["timing_program", "simulate_timing_fast", "TimingResult",
            "simulate_timing", "closed_form_comm_s", "ENGINES", "resolve_engine", "check_cluster_matches"]
 
 
-def phantom_dense(d: int) -> np.ndarray:
-    """A dense payload of d float32 values without the values: an empty float32 array of shape (d, 0).
-
-    ``len(x) == x.shape[0] == d``, ``x.nbytes == 0``. Slices, copies and sums keep shape (rows, 0), so
-    :func:`sim.collectives.ring_allreduce` / ``rd_allreduce`` run on it unchanged and put
-    ``rows * value_bytes`` bytes on the wire per message. Raises SparsimError for d < 1.
-    """
-    check_range("d", d, 1)
-    return np.empty((int(d), 0), dtype=np.float32)
-
-
-def random_selection(k: int, d: int, rng: np.random.Generator) -> Sparse:
-    """k distinct random indices in [0, d) with random values in [0.5, 1.5): a stand-in for TopK(acc_p).
-
-    Returns a :class:`Sparse` (idx int64 (k,) strictly increasing, val float64 (k,), dimension d); memory
-    O(k) whatever d. All values are positive, so no merge cancels an entry: a merge of two k-entry
-    vectors keeps exactly k. Raises SparsimError unless 1 <= k <= d.
-    """
-    check_range("d", d, 1)
-    check_range("k", k, 1, d)
-    idx = np.sort(rng.choice(int(d), size=int(k), replace=False)).astype(np.int64)
-    val = rng.uniform(0.5, 1.5, size=int(k))
-    return Sparse(idx, val, int(d))
-
-
 def timing_program(spec: AlgorithmSpec, rank: int, P: int, d: int, batch_size: int, payload):
-    """One S-SGD iteration of worker ``rank`` in timing-only mode (a sans-I/O program, :mod:`sim.ops`).
+    """One S-SGD iteration of worker ``rank`` in timing-only mode (a sans-I/O program, :mod:`sim.base.ops`).
 
     Yields the operations of :func:`sim.algorithms.sgd_step` in the same order: ``forward_backward``
     (``batch_size`` samples), for sparse algorithms ``select`` over d elements, the collective of
     ``spec`` (dense ``ring`` / ``recursive_doubling``, Top-k ``allgather``, gTop-k ``tree`` /
     ``recursive_doubling`` with its mask rule and element bytes; Top-k and rand-k: the Bruck allgather and the
     ``reduce`` op of ``topk_allgather_sum`` without its dense sum), then ``update`` of d parameters.
-    payload: :func:`phantom_dense` (d) for dense, this rank's :func:`random_selection` otherwise.
+    payload: :func:`~sim.comm.payloads.phantom_dense` (d) for dense, this rank's :func:`~sim.comm.payloads.random_selection` otherwise.
     Returns the collective's result (its numbers are meaningless; only the time counts).
     Raises ConfigError (on its first step) if ``spec.segments`` is set: layer-wise timing is done by the
-    iteration timeline (sim/timeline.py), not here.
+    iteration timeline (sim/engine/timeline.py), not here.
     """
-    spec.require_whole_model("the timing-only mode (sim.timing)")
+    spec.require_whole_model("the timing-only mode (sim.engine.timing)")
     yield Compute("forward_backward", batch_size)
     out = yield from spec.algorithm.timing_exchange(spec, rank, P, d, payload)
     yield Compute("update", d)
@@ -109,13 +84,13 @@ ENGINES = ("auto", "message", "fast")
 
 
 def resolve_engine(engine: str, network) -> str:
-    """The engine a timing-only simulation uses: ``"message"`` (SimPy, :mod:`sim.cluster`) or ``"fast"``
-    (:mod:`sim.fastsim`). ``"auto"`` picks the fast engine unless it refuses the network
-    (:func:`sim.fastsim.fast_engine_refusal`: ``quantum_s > 0``, or zero latency on shared links). Raises
+    """The engine a timing-only simulation uses: ``"message"`` (SimPy, :mod:`sim.engine.cluster`) or ``"fast"``
+    (:mod:`sim.engine.fastsim`). ``"auto"`` picks the fast engine unless it refuses the network
+    (:func:`sim.engine.fastsim.fast_engine_refusal`: ``quantum_s > 0``, or zero latency on shared links). Raises
     ConfigError for an unknown engine, or ``"fast"`` on a network the fast engine refuses."""
     if engine not in ENGINES:
         raise ConfigError(f"engine = {engine!r} is unknown: valid engines are {', '.join(ENGINES)}")
-    from .fastsim import fast_engine_refusal
+    from sim.engine.fastsim import fast_engine_refusal
 
     why = fast_engine_refusal(network)
     if engine == "auto":
@@ -128,7 +103,7 @@ def resolve_engine(engine: str, network) -> str:
 def check_cluster_matches(spec: AlgorithmSpec, network) -> None:
     """Raise ConfigError when a hierarchical collective's ``spec.gpus_per_node`` is not the cluster's (or the
     network is flat): the collective's node groups must be the cluster's nodes."""
-    from .topology import ClusterSpec
+    from sim.machine.topology import ClusterSpec
 
     if spec.collective != "hierarchical":
         return
@@ -144,24 +119,23 @@ def simulate_timing(spec: AlgorithmSpec, P: int, d: int, *, network, compute: Co
                     batch_size: int = 1, iterations: int = 1, seed: int = 0, engine: str = "message") -> TimingResult:
     """Simulate ``iterations`` timing-only iterations of ``spec`` on P ranks with d parameters.
 
-    network: a :class:`~sim.network.NetworkSpec` or a :class:`~sim.topology.ClusterSpec` with P ranks.
+    network: a :class:`~sim.machine.network.NetworkSpec` or a :class:`~sim.machine.topology.ClusterSpec` with P ranks.
     engine: ``"message"`` (every message an event on the SimPy network; the reference), ``"fast"``
-    (:func:`sim.fastsim.simulate_timing_fast`, a vectorised round at a time: thousands of ranks in about a
+    (:func:`sim.engine.timing.simulate_timing_fast`, a vectorised round at a time: thousands of ranks in about a
     second, same times to 1e-9 on contention-free links) or ``"auto"`` (:func:`resolve_engine`).
     Each iteration starts with all ranks together (synchronous S-SGD). Memory: O(P k) for sparse
     algorithms, O(1) per rank for dense, whatever d (fast engine: O(P)). Message-level cost: dense ring
     makes 2P(P-1) messages per iteration (about 2 s of wall time at P = 128). Raises SparsimError for
     P < 1, d < 1, k out of [1, d], iterations < 1, or an unknown engine, and ConfigError if ``spec.segments``
-    is set (layer-wise timing is done by the iteration timeline, sim/timeline.py).
+    is set (layer-wise timing is done by the iteration timeline, sim/engine/timeline.py).
     """
-    spec.require_whole_model("the timing-only mode (sim.timing)")
+    spec.require_whole_model("the timing-only mode (sim.engine.timing)")
     check_range("P", P, 1)
     check_range("d", d, 1)
     check_range("iterations", iterations, 1)
     spec.check_dim(d)
     check_cluster_matches(spec, network)
     if resolve_engine(engine, network) == "fast":
-        from .fastsim import simulate_timing_fast
 
         return simulate_timing_fast(spec, P, d, network=network, compute=compute, batch_size=batch_size,
                                     iterations=iterations)
@@ -180,12 +154,38 @@ def simulate_timing(spec: AlgorithmSpec, P: int, d: int, *, network, compute: Co
 
 
 def closed_form_comm_s(spec: AlgorithmSpec, P: int, d: int, alpha: float, beta: float, cluster=None) -> float:
-    """The :mod:`sim.costs` closed form (s) of ``spec``'s collective on P ranks (alpha s, beta s/byte).
+    """The :mod:`sim.comm.costs` closed form (s) of ``spec``'s collective on P ranks (alpha s, beta s/byte).
 
-    For the ``"hierarchical"`` collectives pass ``cluster`` (a :class:`~sim.topology.ClusterSpec`): its intra-
+    For the ``"hierarchical"`` collectives pass ``cluster`` (a :class:`~sim.machine.topology.ClusterSpec`): its intra-
     and inter-node alpha and beta are used (alpha and beta are then ignored), and for the dense allreduce the
-    GPUs sharing a NIC (:func:`sim.costs.hier_allreduce_time`'s nic_share: an upper bound when > 1); without
+    GPUs sharing a NIC (:func:`sim.comm.costs.hier_allreduce_time`'s nic_share: an upper bound when > 1); without
     one, the hierarchy is ``spec.gpus_per_node`` ranks per node with alpha and beta everywhere. Raises ConfigError
     if ``spec.segments`` is set (whole-model closed forms only)."""
-    spec.require_whole_model("the closed forms (sim.timing.closed_form_comm_s)")
+    spec.require_whole_model("the closed forms (sim.engine.timing.closed_form_comm_s)")
     return spec.algorithm.closed_form_s(spec, P, d, alpha, beta, cluster)
+
+
+def simulate_timing_fast(spec: AlgorithmSpec, P: int, d: int, *, network, compute: ComputeModel | None = None,
+                         batch_size: int = 1, iterations: int = 1):
+    """:func:`sim.engine.timing.simulate_timing` on the fast engine; returns a :class:`sim.engine.timing.TimingResult`.
+
+    Every iteration starts with all ranks together (synchronous S-SGD). Memory O(P) (a step replayed event by
+    event: O(its messages)). Raises SparsimError / ConfigError for bad P, d, k or iterations, or a network the
+    fast engine does not model (:func:`fast_engine_refusal`), and ConfigError if ``spec.segments`` is set
+    (layer-wise timing is done by the iteration timeline, sim/engine/timeline.py)."""
+    spec.require_whole_model("the fast engine (sim.engine.fastsim)")
+
+    check_range("P", P, 1)
+    check_range("d", d, 1)
+    check_range("iterations", iterations, 1)
+    spec.check_dim(d)
+    eng = FastCluster(P, network, compute)
+    G = spec.gpus_per_node  # as sgd_step and timing_program take it (sim.engine.timing checks it against the cluster)
+    times = []
+    for it in range(iterations):
+        t0 = eng.barrier()
+        eng.step(lambda e: fast_iteration(e, spec, d, batch_size, it + 1, G))
+        times.append(float(eng.ready.max()) - t0)
+    b0 = eng.busy[0] / iterations
+    return TimingResult(np.asarray(times), float(b0[0]), float(b0[1]), float(b0[2]),
+                        eng.messages // iterations, eng.bytes // iterations)

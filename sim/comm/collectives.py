@@ -1,14 +1,14 @@
-"""Collectives, each written once as a per-rank sans-I/O generator (see :mod:`sim.ops`).
+"""Collectives, each written once as a per-rank sans-I/O generator (see :mod:`sim.base.ops`).
 
-Every collective here is a generator ``f(rank, P, ...)`` that yields :class:`~sim.ops.Send`,
-:class:`~sim.ops.Recv`, :class:`~sim.ops.SendRecv` and :class:`~sim.ops.Compute` operations and
+Every collective here is a generator ``f(rank, P, ...)`` that yields :class:`~sim.base.ops.Send`,
+:class:`~sim.base.ops.Recv`, :class:`~sim.base.ops.SendRecv` and :class:`~sim.base.ops.Compute` operations and
 returns its result. The same code runs under the lock-step driver (no clock), the SimPy cluster
 (alpha-beta network) and torch.distributed (point-to-point). All work for any P >= 1.
 
 Costs: alpha = per-message latency (s), beta = s/byte, n = bytes, lg = log2, pof2 = the largest
 power of two <= P, rem = P - pof2, s = value_bytes + index_bytes per sparse element. The
-closed forms (functions in :mod:`sim.costs`) are the time on a contention-free network with the
-rendezvous semantics of :mod:`sim.ops` and zero compute cost; they reduce to the formulas of
+closed forms (functions in :mod:`sim.comm.costs`) are the time on a contention-free network with the
+rendezvous semantics of :mod:`sim.base.ops` and zero compute cost; they reduce to the formulas of
 Thakur, Rabenseifner and Gropp (2005) / docs/costs.md when P is a power of two.
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._optional import kernels
-from .compression import Sparse, merge
-from .ops import Compute, Recv, Send, SendRecv
+from sim.base.optional import kernels
+from sim.comm.compression import Sparse, merge
+from sim.base.ops import Compute, Recv, Send, SendRecv
 
 __all__ = [
     "ring_allreduce",
@@ -61,7 +61,7 @@ def mask_nbytes(m: int) -> int:
 # Who sends to whom, written once. Each schedule below is a generator over the rounds of one pattern; a
 # round says, per rank, whom it sends to (``dst``, -1 for nobody) and whom it receives from (``src``,
 # -1 for nobody). ``rank`` is either one rank (a Python int: the per-rank programs below iterate it) or an
-# int64 array of ranks (the vectorised fast engine, :mod:`sim.fastsim`, evaluates a whole round for every
+# int64 array of ranks (the vectorised fast engine, :mod:`sim.engine.fastsim`, evaluates a whole round for every
 # rank at once). The arithmetic is written with operators that mean the same on both, and
 # :func:`_where` / :func:`_not` for the branches.
 
@@ -293,7 +293,7 @@ def _sum_in_rank_order(sel: Sparse, blocks: list):
 #: compilation for small runs.
 _NUMBA_MIN_ENTRIES = 1 << 15
 #: From this many vectors on, the numba sum walks the coordinates in cache-sized chunks
-#: (:func:`sim._sparse_numba.sum_into`); below it, one vector after another (``sum_into_by_rank``). Measured at d = 2.5e7, k = 25,000 on the 2-core VM
+#: (:func:`sim.comm._sparse_numba.sum_into`); below it, one vector after another (``sum_into_by_rank``). Measured at d = 2.5e7, k = 25,000 on the 2-core VM
 #: (README, "Merge speed"): in the CLI's heap (4 KiB pages) by-rank is faster up to P = 512 (P = 64: 10.8 against
 #: 23.6 ms), the chunks win at P = 1024 in float32 (108 against 141 ms); both give the same bits.
 _CHUNKED_MIN_P = 1024
@@ -321,7 +321,7 @@ def sparse_sum(blocks, d: int, dtype, *, use_numba: bool | None = None) -> np.nd
     Every coordinate receives its terms in list order whatever the path: with numba (``use_numba`` None: from
     ``_NUMBA_MIN_ENTRIES`` entries on, if installed; True: whenever installed; False: never) one compiled pass
     per vector, or, from ``_CHUNKED_MIN_P`` vectors on, one that visits the coordinates in cache-sized chunks
-    (:func:`sim._sparse_numba.sum_into`); otherwise
+    (:func:`sim.comm._sparse_numba.sum_into`); otherwise
     ``np.add.at`` per vector (one pass where ``g[idx] += val`` makes three). Values of a dtype other than
     ``dtype`` take the ``g[idx] += val`` path.
     """
@@ -546,13 +546,13 @@ def _gtopk_rd_group(pos: int, n: int, to_rank, track: _Tracker, cur: Sparse, k: 
 # ----------------------------------------------------------------------------- hierarchical collectives
 #
 # On a cluster of N = P / G nodes of G ranks each (rank r on node r // G, local index r % G, as
-# sim.topology places them): work inside each node over the fast fabric, exchange between nodes only
+# sim.machine.topology places them): work inside each node over the fast fabric, exchange between nodes only
 # among one rank per node (or per local index), then spread the result inside each node.
 
 
 def _node_layout(rank: int, P: int, G: int) -> tuple[int, int, int]:
     """(node, local index, number of nodes) of ``rank``; raises SparsimError unless G divides P."""
-    from .errors import SparsimError
+    from sim.base.errors import SparsimError
 
     if G < 1 or P % G:
         raise SparsimError(f"gpus_per_node = {G} does not divide P = {P}: valid divisors of P")
@@ -570,7 +570,7 @@ def hier_allreduce(rank: int, P: int, G: int, x: np.ndarray, value_bytes: int = 
        local index, all at once: on a rail-optimised cluster each on its own NIC).
     3. Intra-node ring allgather of the G reduced chunks.
     Cost on a contention-free cluster with G N dividing d, n = d * value_bytes (docs/costs.md, hierarchical):
-    2(G-1)(alpha_i + n/G beta_i) + 2(N-1)(alpha_e + n/(G N) beta_e) (:func:`sim.costs.hier_allreduce_time`).
+    2(G-1)(alpha_i + n/G beta_i) + 2(N-1)(alpha_e + n/(G N) beta_e) (:func:`sim.comm.costs.hier_allreduce_time`).
     G = 1 is the flat ring; N = 1 the ring inside one node.
     """
     node, local, N = _node_layout(rank, P, G)
@@ -600,7 +600,7 @@ def hier_topk_allgather_sum(rank: int, P: int, G: int, sel: Sparse, value_bytes:
     :func:`topk_allgather_sum` (same additions in the same order) on every rank; residual rule unchanged
     (every local selection is applied). Cost with k entries of s bytes per rank, contention-free:
     ceil(lg G) alpha_i + (G-1) k s beta_i + ceil(lg N) alpha_e + (N-1) G k s beta_e
-    + ceil(lg G)(alpha_i + P k s beta_i) (:func:`sim.costs.hier_topk_time`).
+    + ceil(lg G)(alpha_i + P k s beta_i) (:func:`sim.comm.costs.hier_topk_time`).
     """
     blocks = yield from hier_allgather(rank, P, G, sel, lambda b: b.nbytes(value_bytes, index_bytes))
     return (yield from _sum_in_rank_order(sel, blocks))
@@ -645,7 +645,7 @@ def hier_gtopk(rank: int, P: int, G: int, sel: Sparse, k: int, *, exact: bool = 
     ``exact=False``: the released code's rule, support of g AND own selection).
     Cost with k entries per message, contention-free: ceil(lg G)(alpha_i + k s beta_i)
     + gtopk_rd_time(N, k, alpha_e, beta_e) + ceil(lg G)(alpha_i + (k s + b) beta_i), b = ceil(k/8) for the
-    exact mask, 0 for the reference rule (:func:`sim.costs.hier_gtopk_time`).
+    exact mask, 0 for the reference rule (:func:`sim.comm.costs.hier_gtopk_time`).
     """
     node, local, N = _node_layout(rank, P, G)
     base = node * G
@@ -820,7 +820,7 @@ def ssar_recursive_doubling(rank: int, P: int, sel: Sparse, *, value_bytes: int 
     stream sizes).
     Cost with pairwise disjoint supports of k entries (the worst case; overlaps make the messages smaller):
     [rem > 0](alpha + B(k) beta) + sum_{j=1..lg pof2} (alpha + B(S_j) beta) + [rem > 0](alpha + B(P k) beta),
-    S_j = (2^(j-1) + min(rem, 2^(j-1))) k, B(c) = n v if dense else c (v + i) (:func:`sim.costs.sparcml_rd_time`);
+    S_j = (2^(j-1) + min(rem, 2^(j-1))) k, B(c) = n v if dense else c (v + i) (:func:`sim.comm.costs.sparcml_rd_time`);
     = lg P alpha + (P - 1) k (v + i) beta for P a power of two before any switch (the paper's worst case).
     """
     ops = streams if streams is not None else SparseStreams(sel.d, sel.val.dtype, value_bytes, index_bytes,
@@ -864,7 +864,7 @@ def ssar_split_allgather(rank: int, P: int, sel: Sparse, *, value_bytes: int = 4
     list of its nonzero entries (the authors' code drops |v| <= 1e-8 there; here only exact zeros, so g is exact).
 
     sel: this rank's selection. Returns the final stream, identical on every rank (``streams.finish`` gives g).
-    Cost under the timing-only assumption (disjoint supports spread evenly, :func:`sim.costs.sparcml_split_time`):
+    Cost under the timing-only assumption (disjoint supports spread evenly, :func:`sim.comm.costs.sparcml_split_time`):
     [rem > 0](alpha + B(k) beta) + (pof2 - 1)(alpha + b beta) + sum_{j=1..lg pof2}(alpha + B(2^(j-1) R) beta)
     + [rem > 0](alpha + B(pof2 R) beta), b the largest piece, R the entries of a region sum.
     """

@@ -2,7 +2,7 @@
 
 :data:`NET_ZOO` holds networks for Fashion-MNIST / MNIST (10 classes) with exact parameter counts
 (:data:`NET_PARAMS`); :class:`NetObjective` turns any ``torch.nn.Module`` with its training and test images into an
-:class:`sim.objectives.Objective`: the parameters are one flat vector v (``module.parameters()`` order, d = the
+:class:`sim.workloads.objectives.Objective`: the parameters are one flat vector v (``module.parameters()`` order, d = the
 parameter count), a worker's stochastic gradient is the module's mean cross-entropy gradient on its mini-batch, and
 the same ``sgd_step`` programs train it with every registered algorithm.
 
@@ -41,9 +41,9 @@ import functools
 
 import numpy as np
 
-from ._optional import torch_module
-from .errors import ConfigError, SparsimError
-from .objectives import Objective, _const
+from sim.base.optional import torch_module
+from sim.base.errors import ConfigError, SparsimError
+from sim.workloads.objectives import Objective, _const
 
 __all__ = ["NET_ZOO", "NET_PARAMS", "BATCHED_RTOL", "GRADIENT_MODES", "build_net", "net_workload", "NetObjective",
            "torch_or_error"]
@@ -91,7 +91,7 @@ def _one_torch_thread(method):
     torch splits a product's or a convolution's reductions by its thread count (MKL, oneDNN), which changes the last
     bits of every gradient (measured: mlp-1024, LeNet-5 and ResNet-20 gradients differ between 1 and 2 threads by
     2e-7 to 2e-6 relative in float32, 3e-16 to 8e-16 in float64), so a [model] run's numbers would depend on the
-    machine's cores; ``sim.runner.run_algorithm`` and the CLI limit only the BLAS pools (threadpoolctl), not torch's
+    machine's cores; ``sim.engine.runner.run_algorithm`` and the CLI limit only the BLAS pools (threadpoolctl), not torch's
     OpenMP pool. One thread is also the faster on a shared 2-core machine: with the cores oversubscribed, torch's
     two OpenMP threads wait on each other (ResNet-20, b = 32: 0.13 s forward + backward with 1 thread, 1.1 to 5 s
     with 2 at load 7). The torch backend's ranks run with one thread as well."""
@@ -116,7 +116,7 @@ def _one_torch_thread(method):
 
 
 def torch_or_error():
-    """The torch module, or ConfigError (one line) naming the extra that installs it (sim._optional.torch_module)."""
+    """The torch module, or ConfigError (one line) naming the extra that installs it (sim.base.optional.torch_module)."""
     return torch_module("a [model] network")
 
 
@@ -125,7 +125,7 @@ def _modules():
     torch = torch_or_error()
     from torch import nn
 
-    from .workloads.torch_defs import DownsampleA, ResNetBasicblock
+    from sim.workloads.torch_defs import DownsampleA, ResNetBasicblock
 
     class MLP(nn.Sequential):
         """Flatten, then Linear layers with ReLU between them: sizes (784, h_1, ..., 10)."""
@@ -193,7 +193,7 @@ def build_net(name: str, *, seed: int = 0, dtype: str = "float64"):
     Raises ConfigError for an unknown name (a timing-only model of the workload zoo, e.g. resnet50, is named as
     such: it has no trainable definition for 1 x 28 x 28 images) or dtype, and when torch is missing."""
     if name not in NET_ZOO:
-        from .workloads.zoo import ZOO_MODELS
+        from sim.workloads.zoo import ZOO_MODELS
 
         why = (f"{name!r} is a timing-only model of the workload zoo (workload.model), with no trainable definition "
                "for 1 x 28 x 28 images" if name in ZOO_MODELS else f"{name!r} is unknown")
@@ -212,10 +212,10 @@ def net_workload(module, input_shape: tuple[int, ...], name: str):
     """The timeline's :class:`sim.workloads.Workload` of a network: :func:`sim.workloads.extract.from_torch` on a
     float32 copy of ``module`` for one sample of ``input_shape`` (e.g. (1, 28, 28)), FLOPs per layer by
     torch.utils.flop_counter formulas, tensors in ``module.parameters()`` order. Raises ConfigError as from_torch."""
-    from .workloads.extract import from_torch
+    from sim.workloads.extract import from_torch
 
     return from_torch(copy.deepcopy(module).float(), tuple(input_shape), name=name,
-                      source=f"sim.nets {name}: FLOPs by torch.utils.flop_counter formulas")
+                      source=f"sim.workloads.nets {name}: FLOPs by torch.utils.flop_counter formulas")
 
 
 def _pixel_stats(X) -> tuple[float, float] | None:
@@ -246,7 +246,7 @@ class NetObjective(Objective):
 
     Attributes: d (parameters), n (training images), n_classes, tensor_names. Raises ConfigError when the module's
     output on one image is not (1, C) with C > the largest label (naming both shapes), for eval_samples <
-    chunk, and SparsimError as :class:`~sim.objectives.Objective` for a wrong x or idx.
+    chunk, and SparsimError as :class:`~sim.workloads.objectives.Objective` for a wrong x or idx.
     """
 
     name = "net"
@@ -419,7 +419,7 @@ class NetObjective(Objective):
             for it in items[t::n]:
                 job(it, self._thread_mods[t])
 
-        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="sim.nets") as pool:
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="sim.workloads.nets") as pool:
             for f in [pool.submit(run, t) for t in range(n)]:
                 f.result()
 

@@ -1,6 +1,6 @@
-"""Compute model: turns a :class:`sim.ops.Compute` operation into simulated seconds.
+"""Compute model: turns a :class:`sim.base.ops.Compute` operation into simulated seconds.
 
-Units: seconds (s); ``work`` is in the unit :data:`sim.ops.COMPUTE_KINDS` gives for each kind.
+Units: seconds (s); ``work`` is in the unit :data:`sim.base.ops.COMPUTE_KINDS` gives for each kind.
 Random draws (jitter, stragglers) come from ``np.random.default_rng([seed, rank, iteration])``,
 so a draw depends only on ``(seed, rank, iteration)``: never on the order in which ranks ask, on
 how many other draws happened, or on the machine.
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.errors import ConfigError, SparsimError, check_int, check_real
-from sim.ops import COMPUTE_KINDS
+from sim.base.errors import ConfigError, SparsimError, check_int, check_real
+from sim.base.ops import COMPUTE_KINDS
 
 __all__ = ["JITTERS", "ComputeModel", "MAX_FORWARD_BACKWARD_S", "MAX_COEFF_S", "MAX_STRAGGLER_FACTOR",
            "MAX_JITTER_SCALE"]
@@ -44,7 +44,7 @@ def _check_nonneg_int(name, value, err=SparsimError) -> int:
 
 @dataclass(frozen=True)
 class ComputeModel:
-    """Per-worker compute times for the :data:`sim.ops.COMPUTE_KINDS` operations.
+    """Per-worker compute times for the :data:`sim.base.ops.COMPUTE_KINDS` operations.
 
     Attributes:
         forward_backward_s: seconds of forward + backward pass per iteration per worker at the
@@ -134,7 +134,7 @@ class ComputeModel:
         Deterministic: depends only on the arguments and the model.
 
         Raises:
-            SparsimError: unknown ``kind`` (the message lists :data:`sim.ops.COMPUTE_KINDS`),
+            SparsimError: unknown ``kind`` (the message lists :data:`sim.base.ops.COMPUTE_KINDS`),
                 ``work`` not a finite real >= 0, or ``rank``/``iteration`` not integers >= 0.
         """
         if kind not in COMPUTE_KINDS:
@@ -153,7 +153,7 @@ class ComputeModel:
         return self.update_coeff_s * x
 
     def seconds_all(self, kind: str, work, P: int, iteration: int):
-        """:meth:`seconds` for ranks 0..P-1 at once (the fast engine, :mod:`sim.fastsim`).
+        """:meth:`seconds` for ranks 0..P-1 at once (the fast engine, :mod:`sim.engine.fastsim`).
 
         work: a real >= 0 or a float/int array (P,) of per-rank work. Returns a float (every rank the same)
         or a float array (P,) in seconds, equal to ``[seconds(kind, work[r], r, iteration) for r in range(P)]``

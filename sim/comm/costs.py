@@ -1,4 +1,4 @@
-"""Closed-form alpha-beta costs of the collectives in :mod:`sim.collectives` (seconds).
+"""Closed-form alpha-beta costs of the collectives in :mod:`sim.comm.collectives` (seconds).
 
 alpha: per-message latency (s); beta: seconds per byte; P: ranks (>= 1); n, m: bytes.
 Each function is the exact time of the matching message-level collective on a contention-free
@@ -9,7 +9,7 @@ docs/costs.md. Reduction and merge compute are a separate, explicit term of the 
 """
 from __future__ import annotations
 
-from .collectives import mask_nbytes, pof2_split
+from sim.comm.collectives import mask_nbytes, pof2_split
 
 __all__ = [
     "ceil_lg",
@@ -90,13 +90,13 @@ def gtopk_rd_time(P: int, k: int, alpha: float, beta: float, value_bytes: int = 
 
 # ----------------------------------------------------------------------------- hierarchical clusters
 # N = P / G nodes of G ranks; (alpha_i, beta_i): an uncontended message inside a node, (alpha_e, beta_e):
-# between nodes (sim.topology.ClusterSpec.intra_alpha_beta / inter_alpha_beta). Exact on a contention-free
+# between nodes (sim.machine.topology.ClusterSpec.intra_alpha_beta / inter_alpha_beta). Exact on a contention-free
 # cluster: one NIC per GPU (rail-optimised), or any cluster where at most one rank per NIC talks off-node.
 
 
 def hier_allreduce_time(N: int, G: int, d: int, alpha_i: float, beta_i: float, alpha_e: float, beta_e: float,
                         value_bytes: int = 4, nic_share: int = 1) -> float:
-    """Two-level dense allreduce of d values (:func:`sim.collectives.hier_allreduce`):
+    """Two-level dense allreduce of d values (:func:`sim.comm.collectives.hier_allreduce`):
     2(G-1)(alpha_i + ceil(d/G) v beta_i) + 2(N-1)(alpha_e + S ceil(ceil(d/G)/N) v beta_e), v = value_bytes,
     S = nic_share; with G N dividing d, n = d v: 2(G-1)(alpha_i + n/G beta_i) + 2(N-1)(alpha_e + S n/(G N) beta_e)
     (docs/costs.md). S = 1: one NIC per GPU (rail-optimised), exact on a contention-free cluster when G N divides d
@@ -112,7 +112,7 @@ def hier_allreduce_time(N: int, G: int, d: int, alpha_i: float, beta_i: float, a
 
 def hier_topk_time(N: int, G: int, k: int, alpha_i: float, beta_i: float, alpha_e: float, beta_e: float,
                    value_bytes: int = 4, index_bytes: int = 4) -> float:
-    """Hierarchical Top-k allgather (:func:`sim.collectives.hier_topk_allgather_sum`), m = k s bytes per rank:
+    """Hierarchical Top-k allgather (:func:`sim.comm.collectives.hier_topk_allgather_sum`), m = k s bytes per rank:
     gather ceil(lg G) alpha_i + (G-1) m beta_i, inter-node Bruck of G m-byte node blocks
     ceil(lg N) alpha_e + (N-1) G m beta_e, broadcast of all P blocks ceil(lg G)(alpha_i + N G m beta_i)."""
     m = k * (value_bytes + index_bytes)
@@ -122,7 +122,7 @@ def hier_topk_time(N: int, G: int, k: int, alpha_i: float, beta_i: float, alpha_
 
 def hier_gtopk_time(N: int, G: int, k: int, alpha_i: float, beta_i: float, alpha_e: float, beta_e: float,
                     value_bytes: int = 4, index_bytes: int = 4, exact: bool = True) -> float:
-    """Hierarchical gTop-k (:func:`sim.collectives.hier_gtopk`): intra-node binomial reduce
+    """Hierarchical gTop-k (:func:`sim.comm.collectives.hier_gtopk`): intra-node binomial reduce
     ceil(lg G)(alpha_i + k s beta_i), inter-node recursive doubling :func:`gtopk_rd_time` (N, alpha_e, beta_e),
     intra-node broadcast ceil(lg G)(alpha_i + (k s + b) beta_i), b = ceil(k/8) (exact mask) or 0 (reference).
     G = 1 is :func:`gtopk_rd_time`."""
@@ -137,7 +137,7 @@ def hier_gtopk_time(N: int, G: int, k: int, alpha_i: float, beta_i: float, alpha
 
 
 def binomial_bcast_time(P: int, m: int, alpha: float, beta: float) -> float:
-    """Binomial-tree broadcast of m bytes from any root (:func:`sim.collectives.binomial_bcast_schedule` on ranks
+    """Binomial-tree broadcast of m bytes from any root (:func:`sim.comm.collectives.binomial_bcast_schedule` on ranks
     relative to the root): ceil(lg P) (alpha + m beta); the root sends in every round, so the last round ends
     after ceil(lg P) message times. 0 for P = 1."""
     return ceil_lg(P) * (alpha + m * beta)
@@ -202,8 +202,8 @@ __all__ += ["oktopk_time", "oktopk_bound_time"]
 
 def _ssar_bytes(c: int, width: int, value_bytes: int, index_bytes: int, dense_threshold: float) -> int:
     """Bytes of a SparCML stream of c entries (at most width) over width coordinates: width * value_bytes if
-    :func:`sim.collectives.ssar_is_dense` (c, width), else c (value_bytes + index_bytes)."""
-    from .collectives import ssar_is_dense
+    :func:`sim.comm.collectives.ssar_is_dense` (c, width), else c (value_bytes + index_bytes)."""
+    from sim.comm.collectives import ssar_is_dense
 
     if ssar_is_dense(c, width, value_bytes, index_bytes, dense_threshold):
         return int(width) * int(value_bytes)
@@ -212,7 +212,7 @@ def _ssar_bytes(c: int, width: int, value_bytes: int, index_bytes: int, dense_th
 
 def sparcml_rd_time(P: int, k: int, n: int, alpha: float, beta: float, value_bytes: int = 4, index_bytes: int = 4,
                     dense_threshold: float = 1.0) -> float:
-    """SparCML's SSAR_Recursive_double (:func:`sim.collectives.ssar_recursive_doubling`) of P selections of k
+    """SparCML's SSAR_Recursive_double (:func:`sim.comm.collectives.ssar_recursive_doubling`) of P selections of k
     entries over n coordinates, with pairwise disjoint supports (the worst case; the timing-only assumption):
 
     [rem > 0](alpha + B(k) beta) + sum_{j=1..lg pof2} (alpha + B(S_j) beta) + [rem > 0](alpha + B(P k) beta),
@@ -240,7 +240,7 @@ def sparcml_rd_time(P: int, k: int, n: int, alpha: float, beta: float, value_byt
 
 def sparcml_split_time(P: int, k: int, n: int, alpha: float, beta: float, value_bytes: int = 4,
                        index_bytes: int = 4, dense_threshold: float = 1.0) -> float:
-    """SparCML's SSAR_Split_allgather (:func:`sim.collectives.ssar_split_allgather`) of P selections of k entries
+    """SparCML's SSAR_Split_allgather (:func:`sim.comm.collectives.ssar_split_allgather`) of P selections of k entries
     over n coordinates under the timing-only assumption (disjoint supports spread evenly over the pof2 regions,
     every piece of a stream of c entries holding ceil(c / pof2) entries over the largest region's width
     m = ceil(n / pof2)):
@@ -257,7 +257,7 @@ def sparcml_split_time(P: int, k: int, n: int, alpha: float, beta: float, value_
     P = 1."""
     if P == 1:
         return 0.0
-    from .collectives import ssar_is_dense
+    from sim.comm.collectives import ssar_is_dense
 
     pof2, rem = pof2_split(P)
     s = value_bytes + index_bytes

@@ -1,6 +1,6 @@
 """Reader for the IDX image/label files of MNIST and Fashion-MNIST.
 
-Layer: bottom (``objectives and data``); imports nothing from the rest of ``sim`` but ``sim.errors``, and only
+Layer: bottom (``objectives and data``); imports nothing from the rest of ``sim`` but ``sim.base.errors``, and only
 numpy (no torch).
 
 - :func:`read_idx` -- one IDX file (gzip-compressed when its name ends in ``.gz``) as a read-only uint8 array.
@@ -34,9 +34,9 @@ splits hold 60,000 training and 10,000 test samples, but any non-empty subset in
 
 Errors
 ------
-Every problem with a file or folder raises :class:`sim.errors.DataError` with one line that names the folder,
+Every problem with a file or folder raises :class:`sim.base.errors.DataError` with one line that names the folder,
 the file, what is wrong, the valid value, and how to get the data; an unknown data set name raises
-:class:`sim.errors.ConfigError` naming the valid names. No OSError, EOFError, zlib.error or numpy ValueError
+:class:`sim.base.errors.ConfigError` naming the valid names. No OSError, EOFError, zlib.error or numpy ValueError
 escapes.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import ConfigError, DataError
+from sim.base.errors import ConfigError, DataError
 
 __all__ = ["IMAGE_DATASETS", "DEFAULT_PATHS", "IMAGE_SHAPE", "N_CLASSES", "IDX_FILES", "ImageDataset",
            "read_idx", "load_image_dataset", "clear_cache"]
@@ -365,7 +365,7 @@ def load_image_dataset(name: str, path="") -> ImageDataset:
         out[split] = (X, y64)
 
     files = ", ".join(f"{fname} ({size} bytes)" for fname, size, _ in stamp)
-    source = (f"{_CITATIONS[name]}: IDX files read by sim.idx from {resolved}: {files}; "
+    source = (f"{_CITATIONS[name]}: IDX files read by sim.workloads.idx from {resolved}: {files}; "
               f"{out['train'][0].shape[0]} train / {out['test'][0].shape[0]} test images of 28 x 28 uint8 pixels")
     ds = ImageDataset(X_train=out["train"][0], y_train=out["train"][1], X_test=out["test"][0],
                       y_test=out["test"][1], n_classes=N_CLASSES, name=name, path=resolved, source=source)

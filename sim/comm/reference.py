@@ -2,14 +2,14 @@
 
 They are the executable specification the fast operators are tested against bit for bit
 (``tests/test_merge_fast.py``) and the "before" of their benchmark (``benchmarks/bench_merge.py``); nothing
-else uses them. Shapes and dtypes as :mod:`sim.compression`.
+else uses them. Shapes and dtypes as :mod:`sim.comm.compression`.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .compression import Sparse, topk_select_indices
-from .errors import SparsimError
+from sim.comm.compression import Sparse, topk_select_indices
+from sim.base.errors import SparsimError
 
 __all__ = ["ref_merge", "ref_survive", "ref_sum"]
 
@@ -32,7 +32,7 @@ def ref_merge(a: Sparse, b: Sparse, k: int) -> Sparse:
 
 
 def ref_survive(tracker, support) -> None:
-    """The gTop-k survival update of ``sim.collectives._Tracker.survive``: every tracked source keeps alive only
+    """The gTop-k survival update of ``sim.comm.collectives._Tracker.survive``: every tracked source keeps alive only
     its indices that are in ``support`` (int64 array, sorted)."""
     for _, idx, alive in tracker.sources:
         alive &= np.isin(idx, support, assume_unique=True)

@@ -1,6 +1,6 @@
 """Data sets, sharding over workers and order-independent mini-batch draws.
 
-Layer: bottom (``objectives and data``); imports nothing from the rest of ``sim`` but ``sim.errors``.
+Layer: bottom (``objectives and data``); imports nothing from the rest of ``sim`` but ``sim.base.errors``.
 
 - :func:`load_dataset` -- a :class:`Dataset` from scikit-learn's bundled sets, a LIBSVM file, or a
   deterministic epsilon-like synthetic set.
@@ -22,7 +22,7 @@ import numpy as np
 if TYPE_CHECKING:
     import scipy.sparse as sp
 
-from sim.errors import ConfigError, DataError, SparsimError, check_range
+from sim.base.errors import ConfigError, DataError, SparsimError, check_range
 
 __all__ = ["issparse", "Dataset", "DATASETS", "load_dataset", "check_finite", "shard_indices", "minibatch",
            "SHARD_MODES", "DATA_ABS_MAX"]
@@ -68,7 +68,7 @@ def _as_int(name: str, value, error=ConfigError) -> int:
 
 
 def _range(name: str, value, lo=None, hi=None, error=ConfigError):
-    """:func:`sim.errors.check_range` raising ``error``."""
+    """:func:`sim.base.errors.check_range` raising ``error``."""
     return check_range(name, value, lo, hi, err=error)
 
 

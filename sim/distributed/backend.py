@@ -3,7 +3,7 @@
 Every rank is an OS process (local: :func:`launch_local`; several machines: ``torchrun``, see the
 README). A rank runs :func:`sim.algorithms.sgd_step` -- the one definition of dense, Top-k and gTop-k
 S-SGD and of their collectives -- through :func:`execute`, which carries out the yielded operations
-(:mod:`sim.ops`) with a :class:`TorchTransport`:
+(:mod:`sim.base.ops`) with a :class:`TorchTransport`:
 
 - ``Send``     -> a blocking send (gloo's send is rendezvous for large messages, as the simulator's),
 - ``Recv``     -> a blocking receive,
@@ -11,7 +11,7 @@ S-SGD and of their collectives -- through :func:`execute`, which carries out the
 - ``Compute``  -> nothing (real time passes by itself); it only marks which category the wall time
   of the surrounding Python code belongs to.
 
-Payloads are numpy arrays, :class:`~sim.compression.Sparse`, lists of them (Bruck allgather blocks),
+Payloads are numpy arrays, :class:`~sim.comm.compression.Sparse`, lists of them (Bruck allgather blocks),
 tuples ``(Sparse, bool ndarray | None)`` (gTop-k broadcast) or None. :func:`encode` / :func:`decode`
 turn them into a uint8 buffer and back bit-exactly (dtypes kept; float64 stays float64) without
 pickle. On the wire a payload is a fixed-size first message (an int64 length header and the first
@@ -49,12 +49,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .algorithms import AlgorithmSpec, StepOutput, sgd_step
-from .cluster import CATEGORY_OF_KIND
-from .replay import StepTrace
-from .compression import Sparse, selection_device
-from .errors import NonFiniteError, SparsimError, check_range
-from .ops import AllReduce, Compute, Recv, Send, SendRecv, signature
+from sim.algorithms import AlgorithmSpec, StepOutput, sgd_step
+from sim.engine.cluster import CATEGORY_OF_KIND
+from sim.engine.replay import StepTrace
+from sim.comm.compression import Sparse, selection_device
+from sim.base.errors import NonFiniteError, SparsimError, check_range
+from sim.base.ops import AllReduce, Compute, Recv, Send, SendRecv, signature
 
 __all__ = [
     "encode",
@@ -71,7 +71,6 @@ __all__ = [
     "pingpong_job",
     "PATTERNS",
     "fit_alpha_beta",
-    "topk_torch",
 ]
 
 #: Name of the dense fast path: torch.distributed.all_reduce instead of the shared ring/RD definition.
@@ -146,7 +145,7 @@ def encode(payload) -> np.ndarray:
     """Serialize a payload to bytes, bit-exactly and without pickle.
 
     payload: None, a numpy array of bool/integer/float/complex dtype (any shape; dtype and byte order
-    kept), a :class:`~sim.compression.Sparse`, int, float, bool, or a list/tuple of these (nested).
+    kept), a :class:`~sim.comm.compression.Sparse`, int, float, bool, or a list/tuple of these (nested).
     Returns a uint8 array (n,), n >= 1. Raises SparsimError for any other type (e.g. object arrays).
     """
     out: list[bytes] = []
@@ -385,9 +384,9 @@ def execute(program, transport: TorchTransport | None, busy: np.ndarray, bytes_s
     transport may be None only for a program that sends nothing (P = 1). segments: optional list; when
     given, one ``(category, seconds, signature)`` triple is appended per yielded operation -- the local
     Python code that ran *before* that yield (category 0/1/2 = compute/compress/comm by the attribution
-    rule) and :func:`sim.ops.signature` of the operation -- and one last triple (signature
+    rule) and :func:`sim.base.ops.signature` of the operation -- and one last triple (signature
     ``("end",)``) for the code after the last operation: the measured local timeline that
-    :meth:`sim.cluster.SimCluster.execute` replays (``replay=``) to predict the waiting and transfer
+    :meth:`sim.engine.cluster.SimCluster.execute` replays (``replay=``) to predict the waiting and transfer
     time alone. Raises WorkerFailure when a peer fails or the transport times out, TypeError for an
     unknown operation.
     """
@@ -433,7 +432,7 @@ def execute(program, transport: TorchTransport | None, busy: np.ndarray, bytes_s
             value = _all_reduce(transport, op.payload)
             nb = op.nbytes
         else:
-            raise TypeError(f"rank {transport.rank} yielded {op!r}, not a sim.ops operation")
+            raise TypeError(f"rank {transport.rank} yielded {op!r}, not a sim.base.ops operation")
         if bytes_sent is not None:
             bytes_sent[0] += nb
         t_last = clock()
@@ -460,10 +459,10 @@ class WorkerResult:
     """What :func:`run_worker` returns on each rank.
 
     rank: int. v: float array (d,), the final parameters. rows: the metrics rows (list of dicts,
-    :data:`sim.runner.METRIC_COLUMNS`) on rank 0, None elsewhere. trajectory: list of T float arrays
+    :data:`sim.engine.runner.METRIC_COLUMNS`) on rank 0, None elsewhere. trajectory: list of T float arrays
     (d,), v after each iteration, when requested (else None). busy: float array (3,), this rank's
     cumulative seconds in compute / compress / comm. wall_s: this rank's summed step wall time (s).
-    steps: with ``record_trace``, one :class:`sim.replay.StepTrace` per iteration (start on this
+    steps: with ``record_trace``, one :class:`sim.engine.replay.StepTrace` per iteration (start on this
     machine's monotonic clock, the local segments, the step's busy seconds); else None.
     """
 
@@ -483,22 +482,22 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
     """Run T iterations of ``spec`` as rank ``rank`` of P over torch.distributed; return a :class:`WorkerResult`.
 
     workers: anything with ``grad_fn(rank, t) -> (v -> float array (d,))``, ``b`` (int, samples per
-    batch) and, on rank 0, ``objective`` (loss, full_grad) -- :class:`sim.runner.Workers` or a duck-typed
+    batch) and, on rank 0, ``objective`` (loss, full_grad) -- :class:`sim.engine.runner.Workers` or a duck-typed
     test double. lr: t -> alpha_t. x0: float array (d,) (its dtype is the arithmetic dtype).
     backend_allreduce: dense only, use dist.all_reduce (sgd_step's collective ``backend_allreduce``).
-    record_trace: keep each step's measured local timeline (:class:`sim.replay.StepTrace`) for
-    :func:`sim.replay.replay` (the fidelity benchmark).
+    record_trace: keep each step's measured local timeline (:class:`sim.engine.replay.StepTrace`) for
+    :func:`sim.engine.replay.replay` (the fidelity benchmark).
     select_device: a torch device (e.g. "cuda:0") on which the Top-k selections of vectors of d >= 2^15 are made
-    (:func:`sim.compression.selection_device`: the same indices and values as on the CPU), or None (numpy/numba on
+    (:func:`sim.comm.compression.selection_device`: the same indices and values as on the CPU), or None (numpy/numba on
     the CPU); :func:`resolve_select_device` turns the scenario key ``torch.select_device`` into it.
     Every rank must call this with the same arguments. After each step every rank sends its
     accumulator, residual, gradient, counters and clocks to rank 0 (untimed), which builds the metrics
-    row with :class:`sim.runner.MetricsRecorder` exactly as the simulator does; iter_time_s is the
+    row with :class:`sim.engine.runner.MetricsRecorder` exactly as the simulator does; iter_time_s is the
     slowest rank's step wall time and sim_time_s their running sum (s). A barrier (untimed) then starts the next step.
     Raises SparsimError for bad T/k/eval_every, WorkerFailure when a peer fails, NonFiniteError
     for NaN/Inf gradients.
     """
-    from .runner import MetricsRecorder
+    from sim.engine.runner import MetricsRecorder
 
     check_range("T", T, 1)
     check_range("eval_every", eval_every, 1)
@@ -567,7 +566,7 @@ def resolve_select_device(setting: str, rank: int = 0):
     "cpu" -> None (numpy/numba on the CPU); "cuda" -> "cuda:N" with N = rank mod the number of visible GPUs;
     "auto" -> as "cuda" when torch sees a GPU, else None. Raises ConfigError (one line, naming the key) for "cuda"
     without a visible GPU or an unknown setting. The selection is the same bit for bit on either device."""
-    from .errors import ConfigError
+    from sim.base.errors import ConfigError
 
     if setting not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"torch.select_device = {setting!r} is unknown: valid auto, cpu, cuda")
@@ -913,36 +912,3 @@ def fit_alpha_beta(sizes, times) -> dict:
     return {"alpha_s": alpha, "beta_s_per_byte": beta, "bandwidth_Bps": 1.0 / beta,
             "rms_rel_residual": float(math.sqrt(np.mean(rel ** 2))), "max_rel_residual": float(np.max(np.abs(rel))),
             "rms_abs_residual_s": float(math.sqrt(np.mean((pred - t) ** 2)))}
-
-
-def topk_torch(x, k: int):
-    """:func:`sim.compression.topk` on a torch tensor, on its device (a GPU included): the same indices and values.
-
-    x: 1-D float tensor (d,), no NaN. k: int, 1 <= k <= d. Returns (idx, val): int64 tensor of the selected
-    coordinates, ascending, and x at them (x's dtype and device); at most k entries, exact zeros never
-    selected, ties in magnitude to the lower index. ``torch.topk`` supplies only the k-th largest magnitude (its
-    values are exact; which of several tied entries it picks is unspecified), the tie rule is applied after it.
-    :func:`sim.compression.selection_device` routes :func:`sim.compression.topk` through it (the torch backend's
-    ranks with ``torch.select_device``, the DDP hooks on GPU tensors). Raises SparsimError for k outside [1, d],
-    NonFiniteError naming the first NaN coordinate.
-    """
-    import torch
-
-    d = int(x.shape[0])
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise SparsimError(f"k = {k!r} must be an integer: valid 1 <= k <= d = {d}")
-    k = int(check_range("k", int(k), 1, d))
-    a = x.abs()
-    nan = torch.isnan(a)
-    if bool(nan.any()):
-        i = int(nan.nonzero()[0, 0])
-        raise NonFiniteError(f"top-k selection: coordinate {i} of the vector is {float(x[i])}: valid values are "
-                             "not NaN (a NaN has no magnitude to rank)")
-    v = torch.topk(a, k, sorted=False).values.min()
-    if bool(v == 0):  # fewer than k non-zeros: all of them
-        idx = a.nonzero().flatten()
-    else:
-        above = (a > v).nonzero().flatten()
-        ties = (a == v).nonzero().flatten()[: k - above.numel()]
-        idx = torch.cat([above, ties]).sort().values
-    return idx, x[idx]

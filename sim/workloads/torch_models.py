@@ -1,9 +1,9 @@
 """Gradients from torch modules behind the simulator's worker interface.
 
-:class:`ModuleWorkers` is a duck-typed :class:`sim.runner.Workers`: its ``grad_fn(rank, t)`` maps a
+:class:`ModuleWorkers` is a duck-typed :class:`sim.engine.runner.Workers`: its ``grad_fn(rank, t)`` maps a
 flat parameter vector v (numpy, (d,)) to the mini-batch gradient of a torch module's loss, so the same
 ``sgd_step`` programs train a torch model in the simulator (any driver) and on the torch backend, and a
-DDP model with the hooks of :mod:`sim.ddp_hooks` can be compared with both.
+DDP model with the hooks of :mod:`sim.distributed.ddp_hooks` can be compared with both.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .data import minibatch
-from .errors import SparsimError
+from sim.workloads.data import minibatch
+from sim.base.errors import SparsimError
 
 __all__ = ["ModuleWorkers", "mlp", "flat_params", "set_flat_params"]
 
@@ -80,13 +80,13 @@ class _ModuleObjective:
 
 @dataclass
 class ModuleWorkers:
-    """P workers training a torch module on (X, y) with loss_fn, as a duck-typed :class:`sim.runner.Workers`.
+    """P workers training a torch module on (X, y) with loss_fn, as a duck-typed :class:`sim.engine.runner.Workers`.
 
     module: torch.nn.Module (its parameters are only used as a template; the flat vector v of length d
     is loaded into a private copy). X: float array (n, ...), y: array (n,) (int64 class labels or
     float targets). loss_fn: callable (outputs, targets) -> scalar tensor, a *mean* over the batch
     (default: cross entropy). shards: list of P int64 index arrays; b: per-worker batch size; seed:
-    mini-batch seed (the same draws as :class:`sim.runner.Workers`). Attributes: ``objective`` (loss,
+    mini-batch seed (the same draws as :class:`sim.engine.runner.Workers`). Attributes: ``objective`` (loss,
     full_grad, batch_grad over all n samples), ``d``.
     """
 

@@ -1,6 +1,6 @@
 r"""Finite-sum objectives f(x) = (1/n) sum_i f_i(x), x a float64 (or float32, :meth:`Objective.astype`) vector (d,).
 
-Layer: bottom (``objectives and data``); imports only ``sim.errors`` and ``sim.data``.
+Layer: bottom (``objectives and data``); imports only ``sim.base.errors`` and ``sim.workloads.data``.
 
 Every objective exposes the full loss and gradient, the MEAN gradient / loss over a batch of sample
 indices, per-sample gradient norms, a default start point, and the constants the convergence bounds of
@@ -15,7 +15,7 @@ Objectives (see :data:`OBJECTIVES`, build with :func:`make_objective`):
                        (cheaper than ``sines`` at d = 10^6; f* known in closed form).
 - ``robust_regression`` synthetic non-convex: f_i(x) = phi(a_i^T x - y_i), phi(r) = r^2/(1+r^2)
                        (Geman-McClure), a_i sparse with a fixed number of non-zeros.
-- ``logistic``         binary logistic regression on a :class:`sim.data.Dataset` with the non-convex
+- ``logistic``         binary logistic regression on a :class:`sim.workloads.data.Dataset` with the non-convex
                        regulariser lam sum_j x_j^2/(1+x_j^2) plus mu/2 ||x||^2.
 - ``softmax``          multinomial logistic regression, same regularisers.
 
@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.data import Dataset, issparse, load_dataset
-from sim.errors import ConfigError, SparsimError, range_text
+from sim.workloads.data import Dataset, issparse, load_dataset
+from sim.base.errors import ConfigError, SparsimError, range_text
 
 if TYPE_CHECKING:
     import scipy.sparse as sp
@@ -752,7 +752,7 @@ def _dataset_arg(dataset, who: str) -> Dataset:
         return load_dataset(dataset)
     if not isinstance(dataset, Dataset):
         raise ConfigError(
-            f"dataset = {type(dataset).__name__}: objective {who!r} needs a sim.data.Dataset or a data-set name"
+            f"dataset = {type(dataset).__name__}: objective {who!r} needs a sim.workloads.data.Dataset or a data-set name"
         )
     return dataset
 
@@ -852,8 +852,8 @@ class _RegularisedData(Objective):
 class LogisticObjective(_RegularisedData):
     r"""``logistic``: f_i(x) = log(1 + exp(-s_i a_i^T x)) + lam sum_j x_j^2/(1+x_j^2) + (mu/2)||x||^2.
 
-    ``dataset``: a binary :class:`sim.data.Dataset` (dense or CSR X ``(n, d)``; labels {0, 1} mapped to
-    s_i = 2 y_i - 1) or a data-set name for :func:`sim.data.load_dataset`. x in R^d, d = n_features, no
+    ``dataset``: a binary :class:`sim.workloads.data.Dataset` (dense or CSR X ``(n, d)``; labels {0, 1} mapped to
+    s_i = 2 y_i - 1) or a data-set name for :func:`sim.workloads.data.load_dataset`. x in R^d, d = n_features, no
     intercept. lam >= 0 (default 1e-3) weights the non-convex regulariser used in non-convex
     regularised logistic regression (e.g. Reddi et al. 2016, "Stochastic variance reduction for
     nonconvex optimization"; Antoniadis et al. 2011); mu >= 0 (default 0) the convex l2 term; with
@@ -942,7 +942,7 @@ class SoftmaxObjective(_RegularisedData):
 
     Parameters W in R^{C x p} (C = n_classes >= 2, p = n_features) flattened class-major:
     x = W.ravel(), d = C p, W = x.reshape(C, p). f_i(x) = logsumexp(W a_i) - (W a_i)_{y_i}
-    + lam sum_j psi(x_j) + (mu/2)||x||^2. ``dataset``: a :class:`sim.data.Dataset` (dense or CSR) or a
+    + lam sum_j psi(x_j) + (mu/2)||x||^2. ``dataset``: a :class:`sim.workloads.data.Dataset` (dense or CSR) or a
     data-set name. x0 = 0.
 
     Derivations: with p_i = softmax(W a_i), grad_W f_i = (p_i - e_{y_i}) a_i^T + grad R and the data
@@ -1106,5 +1106,5 @@ def make_objective(name: str, **params) -> Objective:
             )
     kw = {**spec["params"], **params}
     if "dataset" in kw and kw["dataset"] is None:
-        raise ConfigError(f"dataset = None: objective {name!r} needs dataset = a sim.data.Dataset or a data-set name")
+        raise ConfigError(f"dataset = None: objective {name!r} needs dataset = a sim.workloads.data.Dataset or a data-set name")
     return spec["factory"](**kw)

@@ -1,21 +1,21 @@
 """The simulated cluster: drives per-rank sans-I/O programs on a SimPy clock.
 
 Numerics and time are separate: the programs (collectives, S-SGD steps) compute the real numbers;
-this driver only advances the simulated clock, through the network model (:mod:`sim.network`) for
-messages and the compute model (:mod:`sim.compute`) for :class:`~sim.ops.Compute` operations.
+this driver only advances the simulated clock, through the network model (:mod:`sim.machine.network`) for
+messages and the compute model (:mod:`sim.machine.compute`) for :class:`~sim.base.ops.Compute` operations.
 
-Message semantics are rendezvous (:mod:`sim.ops`): a transfer starts when the sender's Send and
+Message semantics are rendezvous (:mod:`sim.base.ops`): a transfer starts when the sender's Send and
 the receiver's Recv for that ordered pair are both posted, and both sides complete when the last
 byte has arrived. Per rank the driver accounts seconds in three categories:
 ``compute`` (forward_backward, update), ``compress`` (select, merge) and ``comm`` (time blocked in
 Send/Recv/SendRecv, plus dense reduction compute).
 
 Events: on a network whose links rendezvous traffic never shares (flat star and direct,
-:attr:`sim.network.Network.rendezvous_uncontended`) a message costs one SimPy event: when both sides
+:attr:`sim.machine.network.Network.rendezvous_uncontended`) a message costs one SimPy event: when both sides
 have posted, its arrival time is computed at once with the same float operations the hop-by-hop
-model performs (:meth:`sim.network.Network.uncontended_arrival`), and one event, scheduled at that
+model performs (:meth:`sim.machine.network.Network.uncontended_arrival`), and one event, scheduled at that
 instant, completes both the Send and the Recv. Elsewhere (rings, hierarchical clusters) every message
-runs as its own process through :meth:`sim.network.Network.transfer`, hop by hop; ``fast=False``
+runs as its own process through :meth:`sim.machine.network.Network.transfer`, hop by hop; ``fast=False``
 forces that everywhere (the reference the fast path is tested against: same clock, same counters,
 same busy seconds, bit for bit). A Compute operation whose duration is 0 costs no event.
 """
@@ -29,10 +29,10 @@ import numpy as np
 import simpy
 from simpy.events import NORMAL, Event
 
-from .compute import ComputeModel
-from .errors import SparsimError, check_range
-from .network import Network
-from .ops import AllReduce, Compute, Recv, Send, SendRecv, signature
+from sim.machine.compute import ComputeModel
+from sim.base.errors import SparsimError, check_range
+from sim.machine.network import Network
+from sim.base.ops import AllReduce, Compute, Recv, Send, SendRecv, signature
 
 __all__ = ["SimCluster", "CATEGORY_OF_KIND"]
 
@@ -54,12 +54,12 @@ _MESSAGE_OPS = (Send, Recv, SendRecv)
 class SimCluster:
     """P simulated ranks on one SimPy environment, a network and a compute model.
 
-    P: int >= 1. network: a :class:`~sim.network.NetworkSpec` (flat) or a :class:`~sim.topology.ClusterSpec`
+    P: int >= 1. network: a :class:`~sim.machine.network.NetworkSpec` (flat) or a :class:`~sim.machine.topology.ClusterSpec`
     with P ranks (hierarchical). compute: a
-    :class:`~sim.compute.ComputeModel` (default: all compute costs zero). fast: False runs every message
+    :class:`~sim.machine.compute.ComputeModel` (default: all compute costs zero). fast: False runs every message
     hop by hop as its own SimPy process also where one event per message gives the same times (module
     docstring) and asks the compute model for every duration; the results are the same either way.
-    Attributes: ``env`` (simpy.Environment, time in seconds), ``net`` (:class:`~sim.network.Network`),
+    Attributes: ``env`` (simpy.Environment, time in seconds), ``net`` (:class:`~sim.machine.network.Network`),
     ``busy`` (float array (P, 3): seconds per rank in compute / compress / comm, cumulative).
     Raises SparsimError for P < 1.
     """
@@ -138,11 +138,11 @@ class SimCluster:
         ``compute.seconds(kind, work, rank, iteration)`` seconds of simulated time.
 
         replay: optional sequence of ``(category, seconds, signature)``, one per operation the program
-        yields plus one for the end, as :func:`sim.torch_backend.execute` measures them (``segments=``).
+        yields plus one for the end, as :func:`sim.distributed.backend.execute` measures them (``segments=``).
         Before each operation the rank then spends the measured local time (accounted to that
         category) and Compute operations cost nothing more: only messages are modelled.
         Raises SparsimError when the program yields more or fewer operations than the replay holds,
-        or another operation (:func:`sim.ops.signature`: kind, peer, size) than the one recorded.
+        or another operation (:func:`sim.base.ops.signature`: kind, peer, size) than the one recorded.
         """
         env = self.env
         busy = self.busy[rank]
@@ -200,7 +200,7 @@ class SimCluster:
             elif isinstance(op, AllReduce):
                 raise SparsimError("collective backend_allreduce runs only on the torch backend: valid here ring, recursive_doubling")
             else:
-                raise TypeError(f"rank {rank} yielded {op!r}, not a sim.ops operation")
+                raise TypeError(f"rank {rank} yielded {op!r}, not a sim.base.ops operation")
             busy[2] += env.now - t0
 
     def _replay_segment(self, rank, replay, i, op):
@@ -210,7 +210,7 @@ class SimCluster:
         seg = replay[i]
         if len(seg) != 3:
             raise SparsimError(f"replay of rank {rank}: segment {i} is {seg!r}: valid (category, seconds, "
-                               "signature) as sim.torch_backend.execute records it")
+                               "signature) as sim.distributed.backend.execute records it")
         cat, sec, sig = seg
         if cat not in (0, 1, 2) or isinstance(cat, bool) or not (isinstance(sec, (int, float)) and 0 <= sec < math.inf):
             raise SparsimError(f"replay of rank {rank}: segment {i} has category {cat!r} and seconds {sec!r}: "

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._optional import kernels
-from .errors import NonFiniteError, SparsimError, check_range
+from sim.base.optional import kernels
+from sim.base.errors import NonFiniteError, SparsimError, check_range
 
 __all__ = [
     "Sparse",
@@ -139,11 +139,11 @@ def selection_device(device):
     ``device`` (a torch device or its name, e.g. "cuda:0"; None: in numpy/numba as usual), then restores the
     previous setting.
 
-    The selection is the same bit for bit: the vector is copied to the device, ``sim.torch_backend.topk_torch``
+    The selection is the same bit for bit: the vector is copied to the device, ``sim.comm.torch_kernels.topk_torch``
     finds the indices there (the k largest magnitudes, ties to the lower index, exact zeros never selected,
     ascending), they come back as int64 and the values are read from the host vector. What it costs: one copy
     of x to the device (d * itemsize bytes) and of at most k indices back. The torch backend's ranks use it with
-    their GPU (scenario key ``torch.select_device``, :func:`sim.torch_backend.run_worker`). Not thread-safe (a
+    their GPU (scenario key ``torch.select_device``, :func:`sim.distributed.backend.run_worker`). Not thread-safe (a
     module-level setting). Raises ImportError (torch missing) or torch's error for an unknown device when a
     selection is made.
     """
@@ -160,7 +160,7 @@ def _topk_on_device(x: np.ndarray, k: int, device) -> Sparse:
     """:func:`topk` (valid k, float32/float64 x of shape (d,)) with the selection made by torch on ``device``."""
     import torch
 
-    from .torch_backend import topk_torch
+    from sim.comm.torch_kernels import topk_torch
 
     xt = torch.from_numpy(np.ascontiguousarray(x)).to(device)
     idx, _ = topk_torch(xt, k)
@@ -238,7 +238,7 @@ def _topk_fast(x: np.ndarray, k: int, *, sample: int | None = None, frac: float 
 
 
 def _scan(K, x: np.ndarray, k: int, t0, cap: int):
-    """Run :func:`sim._topk_numba.scan` over x from threshold t0 with a buffer of ``cap`` (> k, or d) entries,
+    """Run :func:`sim.comm._topk_numba.scan` over x from threshold t0 with a buffer of ``cap`` (> k, or d) entries,
     cutting the buffer to its top k whenever it fills (doubling it then, up to 2^22 entries, so that inputs
     whose candidates keep coming, such as ascending ones, need few cuts). Returns (n, idx, val): the buffer
     (idx int64, val x at idx) and its size. Raises NonFiniteError at the first NaN."""

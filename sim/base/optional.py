@@ -22,7 +22,7 @@ def torch_module(user: str):
     try:
         import torch
     except ImportError:  # pragma: no cover - exercised only without torch
-        from .errors import ConfigError
+        from sim.base.errors import ConfigError
 
         raise ConfigError(f"{user} needs torch, which is not installed: pip install -e '.[torch]' (the CPU build "
                           "torch==2.13.0)") from None

@@ -2,14 +2,14 @@
 
 It is the plain reference the SimPy cluster and the torch backend are tested against, and the
 baseline of the event-overhead benchmark. Messages are matched per ordered pair of ranks in FIFO
-order with rendezvous semantics (:mod:`sim.ops`); :class:`~sim.ops.Compute` operations are skipped.
+order with rendezvous semantics (:mod:`sim.base.ops`); :class:`~sim.base.ops.Compute` operations are skipped.
 """
 from __future__ import annotations
 
 from collections import deque
 
-from .errors import SparsimError
-from .ops import AllReduce, Compute, Recv, Send, SendRecv
+from sim.base.errors import SparsimError
+from sim.base.ops import AllReduce, Compute, Recv, Send, SendRecv
 
 __all__ = ["run_lockstep", "DeadlockError"]
 
@@ -70,7 +70,7 @@ def run_lockstep(programs: list) -> list:
             elif isinstance(op, AllReduce):
                 raise SparsimError("collective backend_allreduce runs only on the torch backend: valid here ring, recursive_doubling")
             else:
-                raise TypeError(f"rank {r} yielded {op!r}, not a sim.ops operation")
+                raise TypeError(f"rank {r} yielded {op!r}, not a sim.base.ops operation")
 
     while not all(done):
         progress = False

@@ -28,7 +28,7 @@ from typing import Hashable
 import numpy as np
 import simpy
 
-from sim.errors import ConfigError, SparsimError, check_int, check_real
+from sim.base.errors import ConfigError, SparsimError, check_int, check_real
 
 __all__ = [
     "TOPOLOGIES",
@@ -228,7 +228,7 @@ class Network:
     """
 
     def __init__(self, env: simpy.Environment, P: int, spec):
-        from .topology import ClusterSpec
+        from sim.machine.topology import ClusterSpec
 
         self.P = _check_int("P", P, 1)
         if not isinstance(spec, (NetworkSpec, ClusterSpec)):
@@ -279,7 +279,7 @@ class Network:
 
         Empty for ``src == dst``. Star: ``[(src, "switch"), ("switch", dst)]``; direct:
         ``[(src, dst)]``; ring: the shorter direction, clockwise (increasing rank) on ties. A
-        :class:`~sim.topology.ClusterSpec` gives its :meth:`~sim.topology.ClusterSpec.path_plan` segments.
+        :class:`~sim.machine.topology.ClusterSpec` gives its :meth:`~sim.machine.topology.ClusterSpec.path_plan` segments.
 
         Raises:
             SparsimError: ``src`` or ``dst`` not an integer in ``0 <= rank <= P-1``.
@@ -378,7 +378,7 @@ class Network:
             if self._in_flight[0, src] or self._in_flight[1, dst]:
                 raise SparsimError(f"a hierarchical cluster carries one message at a time out of each rank and into "
                                    f"each rank (rendezvous, as SimCluster drives it): rank {src} -> {dst} overlaps "
-                                   "another; valid: run programs on sim.cluster.SimCluster")
+                                   "another; valid: run programs on sim.engine.cluster.SimCluster")
             self._in_flight[0, src] += 1
             self._in_flight[1, dst] += 1
         return self.env.process(self._send(path, nbytes, src, dst))
@@ -389,7 +389,7 @@ class Network:
         is SimCluster's rendezvous (each rank has at most one message leaving it and one reaching it at a time):
         true on flat ``"star"`` networks (the only links are a rank's own uplink and downlink) and ``"direct"``
         meshes (a link per ordered pair), false on rings (a hop may carry other ranks' messages) and on
-        hierarchical clusters (shared NICs). :class:`~sim.cluster.SimCluster` then computes each message's
+        hierarchical clusters (shared NICs). :class:`~sim.engine.cluster.SimCluster` then computes each message's
         arrival once, when it starts (:meth:`uncontended_arrival`), instead of running it hop by hop."""
         return self._links is None and self.spec.topology in ("star", "direct")
 
@@ -456,7 +456,7 @@ class Network:
         """Event that fires when message ``src``'s head may take shared link ``key``. All heads that reach the
         link at one instant are released in order of sender rank, after every other event of that instant
         (priority below SimPy's NORMAL), so a tie never depends on the order SimPy created events in; the
-        fast engine (:mod:`sim.fastsim`) breaks ties the same way."""
+        fast engine (:mod:`sim.engine.fastsim`) breaks ties the same way."""
         ev = self.env.event()
         waiting = self._waiting.get(key)
         if waiting is None:
@@ -480,7 +480,7 @@ class Network:
         env = self.env
         free_at = self._free_at
         busy = self.link_busy_s
-        if self._links is not None:  # hierarchical cluster: pipelined (cut-through) FIFO links, sim.topology
+        if self._links is not None:  # hierarchical cluster: pipelined (cut-through) FIFO links, sim.machine.topology
             lat, bw, _ = self._links
             tail = -math.inf  # when the message's last byte has left the previous link (plus its latency)
             for seg in path:
