@@ -11,8 +11,9 @@ An S-SGD variant is one :class:`Algorithm` subclass in one file of this package 
   ``state`` that :func:`sgd_step` receives and returns (:attr:`StepOutput.state`), in the spirit of optax's
   ``init`` / ``update`` pairs and GRACE's compressor / memory / communicator roles;
 - its **timing-only program** (:meth:`Algorithm.timing_exchange`), the same collective on payloads of the
-  right size without the data (:mod:`sim.engine.timing`), and its **fast-engine** form (:meth:`Algorithm.fast_exchange`,
-  :mod:`sim.engine.fastsim`);
+  right size without the data (:mod:`sim.engine.timing`), and its **vectorised** form (:meth:`Algorithm.fast_rounds`: the
+  exchange on every rank at once as Work / Round data from :mod:`sim.comm.rounds`, which the fast engine
+  :mod:`sim.engine.fastsim` interprets; no algorithm imports an engine);
 - its **closed-form cost** (:meth:`Algorithm.closed_form_s`, alpha-beta, :mod:`sim.comm.costs`);
 - its names: :attr:`Algorithm.name`, :attr:`Algorithm.collectives` (the first is the default), options
   (:attr:`Algorithm.options`, e.g. PowerSGD's rank) with defaults and ranges.
@@ -343,9 +344,12 @@ class Algorithm:
         included), on ``payload`` from :meth:`timing_payloads`; only its time counts."""
         raise NotImplementedError
 
-    def fast_exchange(self, eng, spec: "AlgorithmSpec", d: int, it: int, G: int) -> None:
-        """The same exchange as :meth:`timing_exchange` on every rank of the fast engine ``eng``
-        (:class:`sim.engine.fastsim.FastCluster`), a round at a time. G: ranks per node (hierarchical collectives)."""
+    def fast_rounds(self, spec: "AlgorithmSpec", P: int, d: int, it: int, G: int):
+        """The same exchange as :meth:`timing_exchange` on every rank at once, as data: an iterable of
+        :class:`sim.comm.rounds.Work` and :class:`sim.comm.rounds.Round` (usually one of the vectorised collectives
+        of :mod:`sim.comm.rounds`, after the selection's Work) that an engine interprets
+        (:meth:`sim.engine.fastsim.FastCluster.run`). P: ranks; d: elements; it: iteration (1-based; e.g. CLT-k's
+        leader); G: ranks per node (hierarchical collectives). Raises ConfigError if the algorithm has none."""
         raise ConfigError(f"algorithm {self.name} has no fast-engine form: valid cluster.engine = message")
 
     # ------------------------------------------------------------------ closed forms (sim.comm.costs)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.comm import collectives as C
+from sim.comm import rounds as V
 from sim.comm.compression import topk
 from sim.base.ops import Compute, Recv, Send
 from sim.algorithms.base import Algorithm, Exchange, register
@@ -110,29 +111,16 @@ class CLTK(Algorithm):
         yield from bcast_from(rank, P, root, payload.idx, lambda a: a.shape[0] * ib)
         return (yield from self._allreduce(spec, rank, P, payload.vals))
 
-    def fast_exchange(self, eng, spec, d, it, G):
-        from sim.engine.fastsim import _ring, _split_sizes
-
-        P = eng.P
+    def fast_rounds(self, spec, P, d, it, G):
         R = np.arange(P, dtype=np.int64)
         root = leader(it, P)
         k, vb = spec.k, spec.value_bytes
-        eng.compute("select", np.where(R == root, d, 0), it)
-
-        def to_rank(p):
-            return np.where(p >= 0, (p + root) % P, -1)
-
-        for _, dst, src in C.binomial_bcast_schedule((R - root) % P, P):
-            eng.exchange(to_rank(dst), to_rank(src), k * spec.index_bytes)
+        yield V.Work("select", np.where(R == root, d, 0))
+        yield from V.bcast_rounds(R, P, root, k * spec.index_bytes)
         if spec.collective == "ring":
-            _ring(eng, C.ring_schedule(R, P), lambda p: p, lambda c: _split_sizes(k, P, c), vb, it)
+            yield from V.ring_allreduce_rounds(R, P, k, vb, to_rank=lambda p: p)
         else:
-            for phase, dst, src in C.rd_schedule(R, P):
-                eng.exchange(dst, src, k * vb)
-                if phase == "fold":
-                    eng.compute("reduce", np.where(src >= 0, k, 0), it)
-                elif phase == "exchange":
-                    eng.compute("reduce", np.where(dst >= 0, k, 0), it)
+            yield from V.rd_allreduce_rounds(R, P, k, vb)
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
         from sim.comm import costs

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.comm import collectives as C
+from sim.comm import rounds as V
 from sim.base.errors import SparsimError
 from sim.base.ops import AllReduce
 from sim.algorithms.base import Algorithm, Exchange, register
@@ -64,33 +65,17 @@ class Dense(Algorithm):
         raise SparsimError(f"collective = {spec.collective!r} has no timing-only mode: valid ring, "
                            "recursive_doubling, hierarchical")
 
-    def fast_exchange(self, eng, spec, d, it, G):
-        from sim.engine.fastsim import _mapper, _ring, _split_sizes
-
-        P = eng.P
+    def fast_rounds(self, spec, P, d, it, G):
         R = np.arange(P, dtype=np.int64)
         vb = spec.value_bytes
         coll = spec.collective
         if coll == "ring":
-            _ring(eng, C.ring_schedule(R, P), _mapper(1, 0), lambda c: _split_sizes(d, P, c), vb, it)
-        elif coll == "recursive_doubling":
-            for phase, dst, src in C.rd_schedule(R, P):
-                eng.exchange(dst, src, d * vb)
-                if phase == "fold":
-                    eng.compute("reduce", np.where(src >= 0, d, 0), it)
-                elif phase == "exchange":
-                    eng.compute("reduce", np.where(dst >= 0, d, 0), it)
-        elif coll == "hierarchical":
-            local, node = R % G, R // G
-            N = P // G
-            intra = _mapper(1, node * G)
-            steps = list(C.ring_schedule(local, G))
-            _ring(eng, steps[:G - 1], intra, lambda c: _split_sizes(d, G, c), vb, it)
-            own = _split_sizes(d, G, (local + 1) % G)
-            _ring(eng, C.ring_schedule(node, N), _mapper(G, local), lambda c: _split_sizes(own, N, c), vb, it)
-            _ring(eng, steps[G - 1:], intra, lambda c: _split_sizes(d, G, c), vb, it)
-        else:
-            raise SparsimError(f"collective = {coll!r} has no timing-only mode: valid ring, recursive_doubling, hierarchical")
+            return V.ring_allreduce_rounds(R, P, d, vb)
+        if coll == "recursive_doubling":
+            return V.rd_allreduce_rounds(R, P, d, vb)
+        if coll == "hierarchical":
+            return V.hier_allreduce_rounds(R, P, G, d, vb)
+        raise SparsimError(f"collective = {coll!r} has no timing-only mode: valid ring, recursive_doubling, hierarchical")
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
         from sim.comm import costs

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.comm import collectives as C
+from sim.comm import rounds as V
 from sim.comm.compression import Sparse, topk
 from sim.base.ops import Compute
 from sim.algorithms.base import Algorithm, Exchange, register
@@ -69,29 +70,18 @@ class GTopK(Algorithm):
         yield Compute("select", d)
         return (yield from gtopk_collective(spec, rank, P, payload))
 
-    def fast_exchange(self, eng, spec, d, it, G):
-        from sim.engine.fastsim import _binomial, _gtopk_rd, _mapper
-
-        eng.compute("select", d, it)
-        P = eng.P
+    def fast_rounds(self, spec, P, d, it, G):
+        yield V.Work("select", d)
         R = np.arange(P, dtype=np.int64)
         k = spec.k
         s_el = spec.value_bytes + spec.index_bytes
-        m = k * s_el
         b = C.mask_nbytes(k) if spec.mask == "exact" else 0
-        ident = _mapper(1, 0)
         if spec.collective == "tree":
-            _binomial(eng, C.binomial_reduce_schedule(R, P), ident, lambda mask, dst: m, 2 * k, it)
-            _binomial(eng, C.binomial_bcast_schedule(R, P), ident, lambda mask, dst: m + b, 0, it)
+            yield from V.gtopk_tree_rounds(R, P, k, s_el, b)
         elif spec.collective == "recursive_doubling":
-            _gtopk_rd(eng, R, P, ident, k, s_el, b, it)
+            yield from V.gtopk_rd_rounds(R, P, k, s_el, b)
         else:  # hierarchical
-            local, node = R % G, R // G
-            N = P // G
-            intra = _mapper(1, node * G)
-            _binomial(eng, C.binomial_reduce_schedule(local, G), intra, lambda mask, dst: m, 2 * k, it)
-            _gtopk_rd(eng, node, N, _mapper(G, 0), k, s_el, b, it, active=local == 0)
-            _binomial(eng, C.binomial_bcast_schedule(local, G), intra, lambda mask, dst: m + b, 0, it)
+            yield from V.hier_gtopk_rounds(R, P, G, k, s_el, b)
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
         from sim.comm import costs

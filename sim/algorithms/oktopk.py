@@ -56,7 +56,7 @@ Compute: an exact k-th largest / top-k is ``select`` (elements scanned); a thres
 elements has no kind of its own in :data:`sim.base.ops.COMPUTE_KINDS` and is costed as ``reduce`` of n elements (a
 linear elementwise pass, the closest kind); adding received entries into R_p and assembling g are ``reduce``.
 
-Timing-only mode (:meth:`OkTopK.timing_exchange`, :meth:`OkTopK.fast_exchange`) models a steady-state iteration
+Timing-only mode (:meth:`OkTopK.timing_exchange`, :meth:`OkTopK.fast_rounds`) models a steady-state iteration
 (c % tau != 0, no repartition; the re-estimation and repartition steps, 1 in tau and 1 in tau', add an
 exact selection and a small allreduce) under this assumption: the regions are balanced, so every rank selects
 kr = ceil(k/P) entries in every region (k rounded up to a multiple of P), no threshold needs raising, and the
@@ -72,6 +72,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.comm import collectives as C
+from sim.comm import rounds as V
 from sim.comm.compression import Sparse, topk
 from sim.base.ops import Compute, Recv, Send, SendRecv
 from sim.algorithms.base import Algorithm, Exchange, Option, register
@@ -278,25 +279,22 @@ class OkTopK(Algorithm):
         yield Compute("reduce", P * kr)
         return blocks
 
-    def fast_exchange(self, eng, spec, d, it, G):
-        from sim.engine.fastsim import _split_sizes
-
-        P = eng.P
+    def fast_rounds(self, spec, P, d, it, G):
         R = np.arange(P, dtype=np.int64)
         kr = -(-int(spec.k) // P)
         m = kr * (spec.value_bytes + spec.index_bytes)
-        eng.compute("reduce", d, it)
-        eng.compute("reduce", d, it)
+        yield V.Work("reduce", d)
+        yield V.Work("reduce", d)
         for i in range(1, P):
-            eng.exchange((R + i) % P, (R - i) % P, m)
-        eng.compute("reduce", P * kr, it)
-        eng.compute("reduce", _split_sizes(d, P, R), it)
+            yield V.Round((R + i) % P, (R - i) % P, m)
+        yield V.Work("reduce", P * kr)
+        yield V.Work("reduce", V.chunk_size(d, P, R))
         for dst, src, cnt in C.bruck_schedule(R, P):  # the counts allgather
-            eng.exchange(dst, src, cnt * INT_BYTES)
+            yield V.Round(dst, src, cnt * INT_BYTES)
         # balance: every rank holds kr candidates, its balanced block already: no message
         for dst, src, cnt in C.bruck_schedule(R, P):  # the allgatherv of the blocks
-            eng.exchange(dst, src, cnt * m)
-        eng.compute("reduce", P * kr, it)
+            yield V.Round(dst, src, cnt * m)
+        yield V.Work("reduce", P * kr)
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
         from sim.comm import costs

@@ -65,6 +65,7 @@ from functools import lru_cache
 import numpy as np
 
 from sim.comm import collectives as C
+from sim.comm import rounds as V
 from sim.base.errors import ConfigError
 from sim.base.ops import Compute
 from sim.algorithms.base import Algorithm, Exchange, Option, register
@@ -549,7 +550,7 @@ class PowerSGD(Algorithm):
         yield Compute("reduce", e.rows * e.cols * e.r)
         return out
 
-    def fast_exchange(self, eng, spec, d, it, G):
+    def fast_rounds(self, spec, P, d, it, G):
         from sim.algorithms.base import AlgorithmSpec, get
 
         dense = get("dense")
@@ -557,18 +558,18 @@ class PowerSGD(Algorithm):
         ring = spec.collective == "ring"
 
         def allreduce(n):
-            dense.fast_exchange(eng, dspec, _ring_size(n, eng.P) if ring else n, it, G)
+            return dense.fast_rounds(dspec, P, _ring_size(n, P) if ring else n, it, G)
 
         plan = self.plan(spec, d)
         if plan.uncompressed:
-            allreduce(d)
+            yield from allreduce(d)
             return
         (e,) = plan.compressed
-        eng.compute("reduce", e.rows * e.cols * e.r + e.cols * e.r * e.r, it)
-        allreduce(e.rows * e.r)
-        eng.compute("reduce", e.rows * e.cols * e.r + e.rows * e.r * e.r, it)
-        allreduce(e.cols * e.r)
-        eng.compute("reduce", e.rows * e.cols * e.r, it)
+        yield V.Work("reduce", e.rows * e.cols * e.r + e.cols * e.r * e.r)
+        yield from allreduce(e.rows * e.r)
+        yield V.Work("reduce", e.rows * e.cols * e.r + e.rows * e.r * e.r)
+        yield from allreduce(e.cols * e.r)
+        yield V.Work("reduce", e.rows * e.cols * e.r)
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
         from sim.comm import costs

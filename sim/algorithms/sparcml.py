@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.comm import collectives as C
+from sim.comm import rounds as V
 from sim.comm.compression import topk
 from sim.base.ops import Compute
 from sim.algorithms.base import Algorithm, Exchange, Option, register
@@ -90,9 +91,9 @@ class SparCML(Algorithm):
         ops = PhantomStreams(d, spec.value_bytes, spec.index_bytes, spec.opt("dense_threshold"))
         return (yield from self._coll(spec)(rank, P, payload, streams=ops))
 
-    def fast_exchange(self, eng, spec, d, it, G):
-        eng.compute("select", d, it)
-        _fast_ssar(eng, spec, d, it, split=spec.collective == "ssar_split_allgather")
+    def fast_rounds(self, spec, P, d, it, G):
+        yield V.Work("select", d)
+        yield from _ssar_rounds(spec, P, d, split=spec.collective == "ssar_split_allgather")
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
         from sim.comm import costs
@@ -158,10 +159,9 @@ class PhantomStreams:
         return None
 
 
-def _fast_ssar(eng, spec, d: int, it: int, split: bool) -> None:
-    """Both SparCML collectives on every rank of the fast engine (:mod:`sim.engine.fastsim`), with the sizes of
-    :class:`PhantomStreams`: per-rank entry counts and dense flags, a round at a time."""
-    P = eng.P
+def _ssar_rounds(spec, P: int, d: int, split: bool):
+    """Both SparCML collectives on every rank at once (:mod:`sim.comm.rounds`: Work and Round data for an engine),
+    with the sizes of :class:`PhantomStreams`: per-rank entry counts and dense flags, a round at a time."""
     R = np.arange(P, dtype=np.int64)
     vb, ib, t = spec.value_bytes, spec.index_bytes, spec.opt("dense_threshold")
     s_el = vb + ib
@@ -178,8 +178,8 @@ def _fast_ssar(eng, spec, d: int, it: int, split: bool) -> None:
         nonlocal cnt, dns
         total = cnt + pc
         both, one = dns & pd, dns ^ pd
-        eng.compute("merge", np.where(mask & ~dns & ~pd, total, 0), it)
-        eng.compute("reduce", np.where(mask & both, w, np.where(mask & one, np.where(dns, pc, cnt), 0)), it)
+        yield V.Work("merge", np.where(mask & ~dns & ~pd, total, 0))
+        yield V.Work("reduce", np.where(mask & both, w, np.where(mask & one, np.where(dns, pc, cnt), 0)))
         new_d = dns | pd | dense_of(total, w)
         cnt = np.where(mask, np.minimum(total, w), cnt)
         dns = np.where(mask, new_d, dns)
@@ -188,22 +188,22 @@ def _fast_ssar(eng, spec, d: int, it: int, split: bool) -> None:
     split_done = False
     for phase, dst, src in C.rd_schedule(R, P):
         if phase == "exchange" and split and not split_done:
-            region = _fast_split_phase(eng, R, pof2, rem, cnt, dns, d, vb, s_el, t, it, dst >= 0)
+            region = yield from _split_phase_rounds(R, pof2, rem, cnt, dns, d, vb, s_el, t, dst >= 0)
             cnt = np.where(dst >= 0, region, cnt)
             dns = np.where(dst >= 0, C.ssar_is_dense(region, d, vb, ib, t), dns)
             split_done = True
         nb = nbytes(cnt, dns, d)
-        eng.exchange(dst, src, nb)
+        yield V.Round(dst, src, nb)
         got = src >= 0
         sc, sd = cnt[np.maximum(src, 0)], dns[np.maximum(src, 0)]
         if phase in ("fold", "exchange"):
-            merge(got, sc, sd, d)
+            yield from merge(got, sc, sd, d)
         else:  # unfold: the result
             cnt, dns = np.where(got, sc, cnt), np.where(got, sd, dns)
 
 
-def _fast_split_phase(eng, R, pof2, rem, cnt, dns, d, vb, s_el, t, it, active) -> int:
-    """The split phase of SSAR_Split_allgather on the fast engine: pof2 - 1 pairwise rounds (newranks u and
+def _split_phase_rounds(R, pof2, rem, cnt, dns, d, vb, s_el, t, active):
+    """The split phase of SSAR_Split_allgather on every rank at once (Work and Round data): pof2 - 1 pairwise rounds (newranks u and
     u XOR j) of each survivor's uniform piece, then the pof2 - 1 merges of the owner's region sum (the same on
     every survivor: one piece from each). Returns the region sum's entries."""
     m = -(-d // pof2)
@@ -214,7 +214,7 @@ def _fast_split_phase(eng, R, pof2, rem, cnt, dns, d, vb, s_el, t, it, active) -
     u = C._rd_newrank(R, rem)
     for j in range(1, pof2):
         peer = np.where(active, C._rd_real(u ^ j, rem), -1)
-        eng.exchange(peer, peer, b)
+        yield V.Round(peer, peer, b)
     # the owner's merges in newrank order: the pieces of survivor w are those of real rank _rd_real(w)
     order = C._rd_real(np.arange(pof2), rem)
     pc, pd = p[order], piece_dense[order]
@@ -222,11 +222,11 @@ def _fast_split_phase(eng, R, pof2, rem, cnt, dns, d, vb, s_el, t, it, active) -
     for w in range(1, pof2):
         total = rc + int(pc[w])
         if not rd and not pd[w]:
-            eng.compute("merge", np.where(active, total, 0), it)
+            yield V.Work("merge", np.where(active, total, 0))
         elif rd and pd[w]:
-            eng.compute("reduce", np.where(active, m, 0), it)
+            yield V.Work("reduce", np.where(active, m, 0))
         else:
-            eng.compute("reduce", np.where(active, int(pc[w]) if rd else rc, 0), it)
+            yield V.Work("reduce", np.where(active, int(pc[w]) if rd else rc, 0))
         rd = rd or bool(pd[w]) or C.ssar_is_dense(total, m, vb, ib, t)
         rc = min(total, m)
     return rc

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.comm import collectives as C
+from sim.comm import rounds as V
 from sim.comm.compression import Sparse, topk
 from sim.base.ops import Compute
 from sim.algorithms.base import Algorithm, Exchange, register
@@ -60,28 +61,14 @@ class AllgatherSparse(Algorithm):
         yield Compute("reduce", sum(len(b) for b in out))
         return out
 
-    def fast_exchange(self, eng, spec, d, it, G):
-        from sim.engine.fastsim import _binomial, _mapper
-
-        eng.compute("select", d, it)
-        P = eng.P
+    def fast_rounds(self, spec, P, d, it, G):
+        yield V.Work("select", d)
         R = np.arange(P, dtype=np.int64)
-        k = spec.k
-        m = k * (spec.value_bytes + spec.index_bytes)
+        s_el = spec.value_bytes + spec.index_bytes
         if spec.collective == "hierarchical":
-            local, node = R % G, R // G
-            N = P // G
-            intra = _mapper(1, node * G)
-            _binomial(eng, C.binomial_reduce_schedule(local, G), intra,
-                      lambda mask, dst: np.minimum(mask, G - local) * m, 0, it)
-            leader = local == 0
-            for dst, src, cnt in C.bruck_schedule(node, N):
-                eng.exchange(np.where(leader, dst * G, -1), np.where(leader, src * G, -1), cnt * G * m)
-            _binomial(eng, C.binomial_bcast_schedule(local, G), intra, lambda mask, dst: P * m, 0, it)
+            yield from V.hier_topk_allgather_rounds(R, P, G, spec.k, s_el)
         else:
-            for dst, src, cnt in C.bruck_schedule(R, P):
-                eng.exchange(dst, src, cnt * m)
-        eng.compute("reduce", P * k, it)
+            yield from V.topk_allgather_rounds(R, P, spec.k, s_el)
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
         from sim.comm import costs

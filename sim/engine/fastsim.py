@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.comm import collectives as C
+from sim.comm.rounds import Round, Work
 from sim.algorithms import AlgorithmSpec
 from sim.engine.cluster import CATEGORY_OF_KIND
 from sim.machine.compute import ComputeModel
@@ -174,6 +174,18 @@ class FastCluster:
             return
         self.ready = self.ready + sec
         self._busy[CATEGORY_OF_KIND[kind]] += sec
+
+    def run(self, ops, iteration: int) -> None:
+        """Interpret a vectorised program (:mod:`sim.comm.rounds`): each :class:`~sim.comm.rounds.Work` as
+        :meth:`compute` at ``iteration``, each :class:`~sim.comm.rounds.Round` as :meth:`exchange`, in order.
+        Raises TypeError for anything else."""
+        for op in ops:
+            if isinstance(op, Round):
+                self.exchange(op.dst, op.src, op.nbytes)
+            elif isinstance(op, Work):
+                self.compute(op.kind, op.work, iteration)
+            else:
+                raise TypeError(f"{op!r} is not a sim.comm.rounds Work or Round")
 
     # -- communication ---------------------------------------------------------------------
     def exchange(self, dst, src, nbytes) -> None:
@@ -544,60 +556,17 @@ class FastCluster:
         return t
 
 
-# ----------------------------------------------------------------------------- the collectives, vectorised
-
-
-def _split_sizes(total, parts: int, c):
-    """Elements of chunk ``c`` when ``total`` elements are cut by ``np.array_split`` into ``parts``."""
-    return total // parts + (c < total % parts)
-
-
-def _mapper(scale, offset):
-    """Position -> rank map for a group on every rank at once: rank = pos * scale + offset, -1 stays -1."""
-    def to_rank(p):
-        return np.where(p >= 0, p * scale + offset, -1)
-    return to_rank
-
-
-def _ring(eng, steps, to_rank, size_of, vb, it):
-    mapped = {}
-    for dst, src, send_c, recv_c, reduce in steps:
-        key = id(dst)
-        if key not in mapped:
-            mapped[key] = (dst, to_rank(dst), to_rank(src))
-        _, gd, gs = mapped[key]
-        eng.exchange(gd, gs, size_of(send_c) * vb)
-        if reduce:
-            eng.compute("reduce", size_of(recv_c), it)
-
-
-def _binomial(eng, schedule, to_rank, nbytes_of, merge_work, it):
-    for mask, dst, src in schedule:
-        eng.exchange(to_rank(dst), to_rank(src), nbytes_of(mask, dst))
-        if merge_work:
-            eng.compute("merge", np.where(src >= 0, merge_work, 0), it)
-
-
-def _gtopk_rd(eng, pos, n, to_rank, k, s_el, b, it, active=None):
-    for phase, dst, src in C.rd_schedule(pos, n):
-        if active is not None:
-            dst, src = np.where(active, dst, -1), np.where(active, src, -1)
-        nb = k * s_el + (b if phase == "unfold" else 0)
-        eng.exchange(to_rank(dst), to_rank(src), nb)
-        if phase == "fold":
-            eng.compute("merge", np.where(src >= 0, 2 * k, 0), it)
-        elif phase == "exchange":
-            eng.compute("merge", np.where(dst >= 0, 2 * k, 0), it)
+# ----------------------------------------------------------------------------- iterations
 
 
 def fast_collective(eng: FastCluster, spec: AlgorithmSpec, d: int, it: int, G: int = 1) -> None:
     """Run ``spec``'s exchange (selection and collective) on every rank of ``eng`` in timing-only terms (the sizes
     of :func:`sim.engine.timing.timing_program`: dense messages of d values, sparse selections of exactly k entries,
-    every merge keeping k), by the algorithm's :meth:`~sim.algorithms.Algorithm.fast_exchange`. G: ranks per node
-    for the hierarchical collectives. Raises ConfigError if ``spec.segments`` is set (layer-wise timing is done by
+    every merge keeping k), by the algorithm's :meth:`~sim.algorithms.Algorithm.fast_rounds` (data, interpreted by
+    :meth:`FastCluster.run`). G: ranks per node for the hierarchical collectives. Raises ConfigError if ``spec.segments`` is set (layer-wise timing is done by
     the iteration timeline, sim/engine/timeline.py) or the algorithm has no fast-engine form."""
     spec.require_whole_model("the fast engine (sim.engine.fastsim)")
-    spec.algorithm.fast_exchange(eng, spec, d, it, G)
+    eng.run(spec.algorithm.fast_rounds(spec, eng.P, d, it, G), it)
 
 
 def fast_iteration(eng: FastCluster, spec: AlgorithmSpec, d: int, batch_size: int, it: int, G: int = 1) -> None:
