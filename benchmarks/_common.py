@@ -5,17 +5,22 @@
   allocates many 8 MB arrays per step at d = 10^6; on this VM each fresh page costs a (slow) page fault, which roughly doubles the
   numerics' wall time and adds noise. Both drivers run under the same setting, so the simpy/lockstep
   ratio stays a fair comparison (and, because the shared numerics get cheaper, a stricter one).
-- :func:`markdown_table`, :func:`write_csv`, :func:`median`, :func:`profile_by_module`.
+- :func:`markdown_table`, :func:`write_csv` (with its ``<name>.meta.json`` sidecar: when, on what machine, by
+  which command), :func:`median`, :func:`profile_by_module`.
 """
 from __future__ import annotations
 
 import cProfile
 import csv
 import io
+import json
 import os
 import platform
 import pstats
+import shlex
 import statistics
+import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +63,9 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
 
 def write_csv(path: str | os.PathLike, header: list[str], rows: list[list]) -> Path:
     """Write ``rows`` under ``header`` to ``path`` (parent folders created); return the path.
-    Written to ``path.tmp`` and renamed, so an interrupted write leaves no half-written file."""
+    Written to ``path.tmp`` and renamed, so an interrupted write leaves no half-written file. Beside it goes the
+    sidecar ``<stem>.meta.json`` (:func:`write_meta`): the UTC date, :func:`environment_line`, the machine and the
+    command line, which ``benchmarks/tables.py`` prints above every table made from the CSV."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -70,7 +77,48 @@ def write_csv(path: str | os.PathLike, header: list[str], rows: list[list]) -> P
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    write_meta(path)
     return path
+
+
+def meta_path(csv_path: str | os.PathLike) -> Path:
+    """The sidecar of a results CSV: ``x.csv`` -> ``x.meta.json`` in the same folder."""
+    p = Path(csv_path)
+    return p.with_name(p.stem + ".meta.json")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere; "unknown CPU" if neither)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def write_meta(csv_path: str | os.PathLike) -> Path:
+    """Write ``csv_path``'s sidecar (:func:`meta_path`): when (UTC), on what machine and by which command the CSV
+    was measured. Keys: ``date_utc``, ``environment`` (:func:`environment_line` now), ``machine`` (CPU model and
+    count), ``platform``, ``command``."""
+    out = meta_path(csv_path)
+    meta = {
+        "csv": Path(csv_path).name,
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "environment": environment_line(),
+        "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
+        "platform": platform.platform(),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+    }
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
 
 
 def environment_line() -> str:
