@@ -431,7 +431,7 @@ def test_timing_only_mode_and_fast_engine_refuse_segments():
     for spec in (AlgorithmSpec("topk", k=10, segments=(50, 50)), AlgorithmSpec("gtopk", k=10, segments=(100,)),
                  AlgorithmSpec("dense", segments=(40, 60))):
         for engine in ("message", "fast"):
-            with pytest.raises(ConfigError, match=r"segments = .*sim/timeline\.py"):
+            with pytest.raises(ConfigError, match=r"segments = .*sim/engine/timeline\.py"):
                 simulate_timing(spec, P, d, network=NET, engine=engine)
         with pytest.raises(ConfigError, match="fast engine"):
             simulate_timing_fast(spec, P, d, network=NET)

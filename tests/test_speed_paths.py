@@ -256,14 +256,14 @@ def test_batch_indices_kept_for_the_next_algorithm_equal_fresh_draws(monkeypatch
 
 
 def test_in_sorted_equals_isin_at_every_size():
-    from sim.comm.collectives import _in_sorted
+    from sim.comm.collectives import in_sorted
 
     rng = np.random.default_rng(7)
     for _ in range(2000):
         n, m = (int(v) for v in rng.integers(0, 700, size=2))
         x = np.sort(rng.choice(1400, n, replace=False)).astype(np.int64)
         s = np.sort(rng.choice(1400, m, replace=False)).astype(np.int64)
-        assert np.array_equal(_in_sorted(x, s), np.isin(x, s, assume_unique=True))
+        assert np.array_equal(in_sorted(x, s), np.isin(x, s, assume_unique=True))
 
 
 def test_to_dense_is_built_once_read_only_and_equals_densify():

@@ -176,7 +176,7 @@ class Option:
         label = f"{algorithm}.{name}"
         if self.kind is str:
             if set(self.choices) == {"on", "off"}:  # a switch: also TOML's true / false and 1 / 0, as every switch
-                value = _switch(value, label)
+                value = parse_switch(value, label)
                 return "on" if value else "off"
             if value not in self.choices:
                 raise ConfigError(f"{label} = {value!r} is unknown: valid {', '.join(map(str, self.choices))}")
@@ -190,7 +190,7 @@ class Option:
         return self.kind(value)
 
 
-def _switch(value, label: str) -> bool:
+def parse_switch(value, label: str) -> bool:
     """An on/off option's value as a bool: True / False, 1 / 0, or the strings on / off / true / false (any case).
     Raises ConfigError naming ``label``, the value and the valid spellings."""
     if isinstance(value, (bool, np.bool_)):

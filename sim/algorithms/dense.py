@@ -82,7 +82,7 @@ class Dense(Algorithm):
 
         vb = spec.value_bytes
         if spec.collective == "hierarchical":
-            G, share, (ai, bi), (ae, be) = _hier_params(spec, alpha, beta, cluster)
+            G, share, (ai, bi), (ae, be) = hier_params(spec, alpha, beta, cluster)
             return costs.hier_allreduce_time(P // G, G, d, ai, bi, ae, be, vb, nic_share=share)
         if spec.collective == "ring":
             return costs.ring_allreduce_time(P, d, alpha, beta, vb)
@@ -95,7 +95,7 @@ class Dense(Algorithm):
         return int(numel) * spec.value_bytes
 
 
-def _hier_params(spec, alpha, beta, cluster):
+def hier_params(spec, alpha, beta, cluster):
     """(G, nic_share, (alpha_i, beta_i), (alpha_e, beta_e)) of a hierarchical closed form: the cluster's when
     given, else ``spec.gpus_per_node`` ranks per node with alpha and beta everywhere."""
     if cluster is not None:

@@ -476,12 +476,12 @@ def _allreduce(spec, rank: int, P: int):
 
 class _BoolOption(Option):
     """An on/off option held as a bool: true / false, on / off or 1 / 0, as every on/off option of the registry
-    (:func:`sim.algorithms.base._switch`); anything else is a one-line ConfigError."""
+    (:func:`sim.algorithms.base.parse_switch`); anything else is a one-line ConfigError."""
 
     def check(self, algorithm, name, value):
-        from sim.algorithms.base import _switch
+        from sim.algorithms.base import parse_switch
 
-        return _switch(value, f"{algorithm}.{name}")
+        return parse_switch(value, f"{algorithm}.{name}")
 
 
 @register

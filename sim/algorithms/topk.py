@@ -72,11 +72,11 @@ class AllgatherSparse(Algorithm):
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
         from sim.comm import costs
-        from sim.algorithms.dense import _hier_params
+        from sim.algorithms.dense import hier_params
 
         vb, ib = spec.value_bytes, spec.index_bytes
         if spec.collective == "hierarchical":
-            G, _, (ai, bi), (ae, be) = _hier_params(spec, alpha, beta, cluster)
+            G, _, (ai, bi), (ae, be) = hier_params(spec, alpha, beta, cluster)
             return costs.hier_topk_time(P // G, G, spec.k, ai, bi, ae, be, vb, ib)
         return costs.topk_allgather_time(P, spec.k, alpha, beta, vb, ib)
 

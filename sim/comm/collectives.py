@@ -392,7 +392,7 @@ class _Tracker:
         for _, idx, alive in self.sources:
             live = np.flatnonzero(alive)
             if live.shape[0]:
-                alive[live] = _in_sorted(idx[live], support)
+                alive[live] = in_sorted(idx[live], support)
 
     def survive_sent(self, sent_idx: np.ndarray, bits: np.ndarray):
         """Apply the survival bits returned for the vector this rank sent (entries sent_idx)."""
@@ -405,7 +405,7 @@ class _Tracker:
         raise KeyError(who)
 
 
-def _in_sorted(x: np.ndarray, support: np.ndarray) -> np.ndarray:
+def in_sorted(x: np.ndarray, support: np.ndarray) -> np.ndarray:
     """``np.isin(x, support, assume_unique=True)`` for ``support`` sorted ascending: a binary search per entry
     of x when x is short next to support or both are short (np.isin's own set-up costs some 30 us a call; the
     default scenario makes 11,000 such lookups at k = 6), np.isin (a sort of both) otherwise. The same booleans

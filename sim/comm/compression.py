@@ -324,7 +324,7 @@ def merge(a: Sparse, b: Sparse, k: int) -> Sparse:
         raise SparsimError(f"merge of vectors of dimension {a.d} and {b.d}: dimensions must match")
     k = _check_k(k, a.d)
     idx, val = _sum_on_union(a, b)
-    keep = _topk_positions(val, k)
+    keep = topk_positions(val, k)
     return Sparse(idx[keep], val[keep], a.d)
 
 
@@ -357,7 +357,7 @@ def sum_on_union(ia: np.ndarray, va: np.ndarray, ib: np.ndarray, vb: np.ndarray)
     return idx, val
 
 
-def _topk_positions(val: np.ndarray, k: int) -> np.ndarray:
+def topk_positions(val: np.ndarray, k: int) -> np.ndarray:
     """Ascending positions of the k largest |val| (ties to the lower position, as :func:`topk_select_indices`)
     that are not exactly zero: int64 array of at most k entries."""
     n = val.shape[0]

@@ -185,7 +185,7 @@ def register_hook_algorithm(name: str, select: Callable, combine: str = "sum", *
 
 def _topk_positions_torch(val, k: int):
     """Ascending positions of the k largest |val| (ties to the lower position) that are not exactly zero:
-    :func:`sim.comm.compression._topk_positions` in torch (int64 tensor, at most k entries)."""
+    :func:`sim.comm.compression.topk_positions` in torch (int64 tensor, at most k entries)."""
     import torch
 
     n = int(val.shape[0])
@@ -266,7 +266,7 @@ def gtopk_replay(sels: list, k: int, rank: int, collective: str = "tree", exact:
 def _replay_numpy(sels: list, k: int, rank: int, collective: str, exact: bool):
     """:func:`gtopk_replay` on numpy (idx int64, val) pairs with :func:`sim.comm.compression.merge`; returns numpy
     (g_idx, g_val, applied)."""
-    from sim.comm.collectives import _in_sorted
+    from sim.comm.collectives import in_sorted
     from sim.comm.compression import Sparse, merge
 
     d = max([k] + [int(i[-1]) + 1 for i, _ in sels if i.shape[0]])  # merge checks k <= d only
@@ -275,7 +275,7 @@ def _replay_numpy(sels: list, k: int, rank: int, collective: str, exact: bool):
         m = merge(Sparse(a[0], a[1], d), Sparse(b[0], b[1], d), k)
         return m.idx, m.val
 
-    return _replay(sels, k, rank, collective, exact, merge_np, _in_sorted, lambda a: np.ones(a.shape[0], dtype=bool))
+    return _replay(sels, k, rank, collective, exact, merge_np, in_sorted, lambda a: np.ones(a.shape[0], dtype=bool))
 
 
 def _replay(sels: list, k: int, rank: int, collective: str, exact: bool, merge_fn, member, ones):
@@ -1019,7 +1019,7 @@ def _merge_units(a, b, starts, ks):
     :func:`sim.comm.compression.merge` on each unit: the union of the supports with the sums ``(0 + a_i) + b_i``
     (``0 + a_i`` / ``0 + b_i`` where one holds the index) in the promoted dtype, then in each unit its ks[u]
     largest magnitudes (ties to the lower index), exact zeros dropped (tests/test_ddp_hooks_ops.py)."""
-    from sim.comm.compression import _topk_positions, sum_on_union
+    from sim.comm.compression import topk_positions, sum_on_union
 
     idx, val = sum_on_union(a[0], a[1], b[0], b[1])
     keep = val != 0
@@ -1027,7 +1027,7 @@ def _merge_units(a, b, starts, ks):
     for u in np.flatnonzero(np.diff(bounds) > ks):  # units holding more than their k
         lo, hi = int(bounds[u]), int(bounds[u + 1])
         keep[lo:hi] = False
-        keep[lo + _topk_positions(val[lo:hi], int(ks[u]))] = True
+        keep[lo + topk_positions(val[lo:hi], int(ks[u]))] = True
     return idx[keep], val[keep]
 
 
@@ -1037,7 +1037,7 @@ def _combine_gtopk_units(state: SparseState, o: np.ndarray, units, rows_np, P: i
     (:func:`_merge_units`), g / P goes into ``o`` and this rank's residuals lose what reached g. Bit for bit the
     per-unit replay (units are disjoint index ranges, each merged by the same rule in the same order).
     Returns the entries applied."""
-    from sim.comm.collectives import _in_sorted
+    from sim.comm.collectives import in_sorted
 
     starts = np.array([u[0] for u in units] + [units[-1][0] + units[-1][1]], dtype=np.int64)
     ks = np.array([u[2] for u in units], dtype=np.int64)
@@ -1046,7 +1046,7 @@ def _combine_gtopk_units(state: SparseState, o: np.ndarray, units, rows_np, P: i
         nz = vals != 0  # padding slots hold +0.0; a selection never holds an exact zero
         sels.append((idx[nz].astype(np.int64), vals[nz]))
     g_idx, g_val, alive = _replay(sels, 0, rank, state.collective, state.mask == "exact",
-                                  lambda a, b: _merge_units(a, b, starts, ks), _in_sorted,
+                                  lambda a, b: _merge_units(a, b, starts, ks), in_sorted,
                                   lambda a: np.ones(a.shape[0], dtype=bool))
     o[g_idx] = g_val / g_val.dtype.type(P)
     own = sels[rank][0][alive]

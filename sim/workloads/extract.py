@@ -55,7 +55,7 @@ __all__ = ["from_torch", "measure_torch", "ROOT_LAYER"]
 ROOT_LAYER = "(root)"
 """Name of the layer for the work and parameters of the root module itself."""
 
-_FLOPS_NOTE = ("FLOPs per sample by torch.utils.flop_counter formulas (multiply-add = 2 FLOPs; matmul, conv, "
+FLOPS_NOTE = ("FLOPs per sample by torch.utils.flop_counter formulas (multiply-add = 2 FLOPs; matmul, conv, "
                "attention; elementwise/norm/pool not counted), backward attributed per autograd node")
 
 
@@ -404,7 +404,7 @@ def from_torch(module, input_shape, *, name: str | None = None, dtype=None, sour
         name=name or type(module).__name__, layers=costs,
         tensors=tuple(ParamTensor(n, int(k), _lname(l)) for n, k, l in tensors),
         ready_order=tracer.ready_order(len(tensors)), input=_input_desc(shape, integer),
-        source=source if source is not None else f"from_torch({type(module).__name__}): {_FLOPS_NOTE}")
+        source=source if source is not None else f"from_torch({type(module).__name__}): {FLOPS_NOTE}")
 
 
 def measure_torch(module, input_shape, *, batch_size: int, repeats: int = 5, warmup: int = 2, dtype=None,
@@ -544,4 +544,4 @@ def measure_torch(module, input_shape, *, batch_size: int, repeats: int = 5, war
         tensors=tuple(ParamTensor(n, int(k), _lname(l)) for n, k, l in tensors),
         measured_batch=batch_size, ready_order=tracer.ready_order(len(tensors)), input=_input_desc(shape, integer),
         source=f"measure_torch({type(module).__name__}) on {dev}, batch {batch_size}, median of {repeats}: forward "
-               f"by module hooks, backward by autograd-node hooks; {_FLOPS_NOTE}")
+               f"by module hooks, backward by autograd-node hooks; {FLOPS_NOTE}")

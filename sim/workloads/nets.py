@@ -43,7 +43,7 @@ import numpy as np
 
 from sim.base.optional import torch_module
 from sim.base.errors import ConfigError, SparsimError
-from sim.workloads.objectives import Objective, _const
+from sim.workloads.objectives import Objective, constant_record
 
 __all__ = ["NET_ZOO", "NET_PARAMS", "BATCHED_RTOL", "GRADIENT_MODES", "build_net", "net_workload", "NetObjective",
            "torch_or_error"]
@@ -607,10 +607,10 @@ class NetObjective(Objective):
         """Bound constants: L, L_f and M unknown (a ReLU network's gradient is not Lipschitz and its per-sample
         gradients are unbounded on R^d); f* >= 0 (cross-entropy is non-negative)."""
         why = "a ReLU network's gradient is not Lipschitz on R^d and its per-sample gradients are unbounded"
-        return {"L": _const(None, "unknown", why), "L_f": _const(None, "unknown", why),
-                "M": _const(None, "unknown", why + ("; with BatchNorm a per-sample gradient depends on the batch"
+        return {"L": constant_record(None, "unknown", why), "L_f": constant_record(None, "unknown", why),
+                "M": constant_record(None, "unknown", why + ("; with BatchNorm a per-sample gradient depends on the batch"
                                                     if self._has_bn else "")),
-                "f_star_lower": _const(0.0, "analytic", "cross-entropy >= 0")}
+                "f_star_lower": constant_record(0.0, "analytic", "cross-entropy >= 0")}
 
     def astype(self, dtype):
         """This objective computing in ``dtype`` ("float64" / "float32"): self for its own dtype, else a rebuilt

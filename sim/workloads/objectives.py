@@ -80,7 +80,9 @@ def _dpsi(t):
     return 2.0 * t / den
 
 
-def _const(value, how: str, note: str) -> dict:
+def constant_record(value, how: str, note: str) -> dict:
+    """One entry of :meth:`Objective.constants`: ``{"value": float or None, "how": how, "note": note}``
+    (how: e.g. "closed form", "measured", "unknown"; note: one line saying where the value comes from)."""
     return {"value": None if value is None else float(value), "how": how, "note": note}
 
 
@@ -310,7 +312,7 @@ class Objective:
         if not pts:
             raise SparsimError("x_samples is empty: valid is at least one point of shape (d,)")
         best = max(float(self.sample_grad_norms(self._check_x(p)).max()) for p in pts)
-        return _const(
+        return constant_record(
             best,
             "estimated",
             f"max over {len(pts)} point(s) and all {self.n} samples of ||grad f_i(x)||; a lower estimate of sup",
@@ -458,8 +460,8 @@ class _SeparableNoisy(Objective):
     def _M_const(self):
         if self.lam_max == 0.0:
             val = self.a * self._cmax * math.sqrt(self.d) + self.max_xi_norm()
-            return _const(val, "analytic", "lam = 0: ||grad f_i|| <= a c sqrt(d) + max_i ||xi_i||")
-        return _const(
+            return constant_record(val, "analytic", "lam = 0: ||grad f_i|| <= a c sqrt(d) + max_i ||xi_i||")
+        return constant_record(
             None,
             "unknown",
             "unbounded on R^d (grad grows like lam_j x_j); on ||x||_inf <= R use M_on_box(R) = "
@@ -535,10 +537,10 @@ class SinesObjective(_SeparableNoisy):
         if self._consts is None:
             L = float(self.lam.max() + self.a)
             self._consts = {
-                "L": _const(L, "analytic", "max_j max(|lam_j - a|, lam_j + a) = lam_max + a; g'' = lam - a cos t"),
-                "L_f": _const(L, "analytic", "f and every f_i share the Hessian diag(lam_j - a cos x_j)"),
+                "L": constant_record(L, "analytic", "max_j max(|lam_j - a|, lam_j + a) = lam_max + a; g'' = lam - a cos t"),
+                "L_f": constant_record(L, "analytic", "f and every f_i share the Hessian diag(lam_j - a cos x_j)"),
                 "M": self._M_const(),
-                "f_star_lower": _const(
+                "f_star_lower": constant_record(
                     self._f_star_lower(),
                     "analytic",
                     "certified: sum over lam buckets of a grid minimum minus the interpolation error K h^2/8",
@@ -594,10 +596,10 @@ class DoubleWellObjective(_SeparableNoisy):
             inf_g = np.where(lam < 2.0 * a, -(math.sqrt(a) - np.sqrt(lam / 2.0)) ** 2, 0.0)
             fs = float(np.sum(inf_g))
             self._consts = {
-                "L": _const(L, "analytic", "g'' = lam - a psi'' with psi'' in [-1/2, 2]: max(|lam-2a|, lam+a/2)"),
-                "L_f": _const(L, "analytic", "f and every f_i share the Hessian"),
+                "L": constant_record(L, "analytic", "g'' = lam - a psi'' with psi'' in [-1/2, 2]: max(|lam-2a|, lam+a/2)"),
+                "L_f": constant_record(L, "analytic", "f and every f_i share the Hessian"),
                 "M": self._M_const(),
-                "f_star_lower": _const(
+                "f_star_lower": constant_record(
                     fs - 1e-12 * (abs(fs) + 1.0),
                     "analytic",
                     "exact inf: sum_j -(sqrt(a) - sqrt(lam_j/2))^2 over lam_j < 2a (attained when all lam_j > 0)",
@@ -738,10 +740,10 @@ class RobustRegressionObjective(Objective):
             mx = float(self.row_sq.max())
             lmax, how, note = _lmax_gram(self.A)
             self._consts = {
-                "L": _const(2.0 * mx, "analytic", "|phi''| <= 2: L = 2 max_i ||a_i||^2 (every f_i and f)"),
-                "L_f": _const(2.0 * lmax, how, f"2 lambda_max(A^T A / n); {note}"),
-                "M": _const(GM_DPSI_MAX * math.sqrt(mx), "analytic", "|phi'| <= 3 sqrt(3)/8: M = 3 sqrt(3)/8 max_i ||a_i||"),
-                "f_star_lower": _const(0.0, "analytic", "phi >= 0"),
+                "L": constant_record(2.0 * mx, "analytic", "|phi''| <= 2: L = 2 max_i ||a_i||^2 (every f_i and f)"),
+                "L_f": constant_record(2.0 * lmax, how, f"2 lambda_max(A^T A / n); {note}"),
+                "M": constant_record(GM_DPSI_MAX * math.sqrt(mx), "analytic", "|phi'| <= 3 sqrt(3)/8: M = 3 sqrt(3)/8 max_i ||a_i||"),
+                "f_star_lower": constant_record(0.0, "analytic", "phi >= 0"),
             }
         return self._consts
 
@@ -842,9 +844,9 @@ class _RegularisedData(Objective):
         reg = self.lam * GM_DPSI_MAX * math.sqrt(self.d)
         base = cdata * math.sqrt(float(self.row_sq.max()))
         if self.mu == 0.0:
-            return _const(base + reg, "analytic",
+            return constant_record(base + reg, "analytic",
                           f"{what} + lam (3 sqrt(3)/8) sqrt(d) (||lam psi'(x)|| <= lam 3 sqrt(3)/8 sqrt(d))")
-        return _const(None, "unknown",
+        return constant_record(None, "unknown",
                       f"unbounded on R^d since mu > 0; on ||x|| <= R: M <= {what} + lam (3 sqrt(3)/8) sqrt(d) "
                       f"+ mu R = {base + reg:.6g} + {self.mu:.6g} R; or estimate_M(points)")
 
@@ -928,11 +930,11 @@ class LogisticObjective(_RegularisedData):
             reg = GM_D2PSI_MAX * self.lam + self.mu  # max |psi"| = 2
             lmax, how, note = _lmax_gram(self.X)
             self._consts = {
-                "L": _const(float(self.row_sq.max()) / 4.0 + reg, "analytic",
+                "L": constant_record(float(self.row_sq.max()) / 4.0 + reg, "analytic",
                             f"max_i ||a_i||^2/4 + 2 lam + mu; {self._reg_note()}"),
-                "L_f": _const(lmax / 4.0 + reg, how, f"lambda_max(A^T A/n)/4 + 2 lam + mu; {note}"),
+                "L_f": constant_record(lmax / 4.0 + reg, how, f"lambda_max(A^T A/n)/4 + 2 lam + mu; {note}"),
                 "M": self._M_from(1.0, "max_i ||a_i||"),
-                "f_star_lower": _const(0.0, "analytic", "logistic loss >= 0, regularisers >= 0"),
+                "f_star_lower": constant_record(0.0, "analytic", "logistic loss >= 0, regularisers >= 0"),
             }
         return self._consts
 
@@ -1046,11 +1048,11 @@ class SoftmaxObjective(_RegularisedData):
             reg = GM_D2PSI_MAX * self.lam + self.mu  # max |psi"| = 2
             lmax, how, note = _lmax_gram(self.X)
             self._consts = {
-                "L": _const(float(self.row_sq.max()) / 2.0 + reg, "analytic",
+                "L": constant_record(float(self.row_sq.max()) / 2.0 + reg, "analytic",
                             f"max_i ||a_i||^2/2 + 2 lam + mu (Boehning 1992: J <= I/2); {self._reg_note()}"),
-                "L_f": _const(lmax / 2.0 + reg, how, f"lambda_max(A^T A/n)/2 + 2 lam + mu; {note}"),
+                "L_f": constant_record(lmax / 2.0 + reg, how, f"lambda_max(A^T A/n)/2 + 2 lam + mu; {note}"),
                 "M": self._M_from(math.sqrt(2.0), "sqrt(2) max_i ||a_i||"),
-                "f_star_lower": _const(0.0, "analytic", "cross-entropy >= 0, regularisers >= 0"),
+                "f_star_lower": constant_record(0.0, "analytic", "cross-entropy >= 0, regularisers >= 0"),
             }
         return self._consts
 

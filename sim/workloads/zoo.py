@@ -130,7 +130,7 @@ def zoo_from_torch(name: str) -> Workload:
     e = _entry(name)
     import torch
 
-    from sim.workloads.extract import _FLOPS_NOTE, from_torch
+    from sim.workloads.extract import FLOPS_NOTE, from_torch
 
     return from_torch(build_module(name), e.input_shape, name=e.name,
-                      dtype=torch.long if e.tokens else torch.float32, source=f"{e.source}; {_FLOPS_NOTE}")
+                      dtype=torch.long if e.tokens else torch.float32, source=f"{e.source}; {FLOPS_NOTE}")
