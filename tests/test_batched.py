@@ -15,7 +15,6 @@ import json
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from click.testing import CliRunner
 
 from sim.algorithms import AlgorithmSpec
@@ -25,14 +24,11 @@ from sim.machine.network import PRESETS
 from sim.workloads.objectives import make_objective
 from sim.engine.runner import BatchedGradients, Workers, run_algorithm
 
+from _shared import ObjectiveCache, small_dataset
 
-def _dataset(*, sparse: bool, C: int, n: int = 60, p: int = 7, seed: int = 0) -> Dataset:
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, p)) * rng.uniform(0.5, 2.0, size=p)
-    X[rng.random((n, p)) < 0.3] = 0.0
-    y = np.arange(n, dtype=np.int64) % C
-    rng.shuffle(y)
-    return Dataset(X=sp.csr_matrix(X) if sparse else X, y=y, n_classes=C, name=f"t_{sparse}_{C}", source="test")
+
+def _dataset(*, sparse: bool, C: int) -> Dataset:
+    return small_dataset(sparse=sparse, C=C, n=60, p=7, name=f"t_{sparse}_{C}")
 
 
 OBJECTIVES = {
@@ -50,15 +46,7 @@ OBJECTIVES = {
     "softmax_sparse": lambda: make_objective("softmax", dataset=_dataset(sparse=True, C=4), lam=0.1, mu=0.05),
     "softmax_digits": lambda: make_objective("softmax", dataset=load_dataset("digits"), lam=1e-3),
 }
-_CACHE: dict = {}
-
-
-def _obj(key: str, dtype: str):
-    if (key, dtype) not in _CACHE:
-        base = _CACHE.get((key, "float64")) or OBJECTIVES[key]()
-        _CACHE[(key, "float64")] = base
-        _CACHE[(key, dtype)] = base.astype(dtype)
-    return _CACHE[(key, dtype)]
+_obj = ObjectiveCache(lambda key: OBJECTIVES[key]())  # _obj(key, dtype)
 
 
 def _labels(obj):

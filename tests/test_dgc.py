@@ -4,9 +4,7 @@ against its own definition (momentum correction, masking, clipping, warm-up), ag
 for the contraction property of its exact selection (Stich et al. 2018, Lemma A.1)."""
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,25 +18,14 @@ from sim.comm.compression import topk
 from sim.engine.drivers import run_lockstep
 from sim.base.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "fixtures" / "peers" / "dgc.npz"
+from _shared import peer_fixture, peer_module
 
-
-def _peer_module():
-    """benchmarks/peers/dgc_peer.py (its input generators and case tables; it imports numpy only at load)."""
-    spec = importlib.util.spec_from_file_location("dgc_peer", ROOT / "benchmarks" / "peers" / "dgc_peer.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-PEER = _peer_module()
+PEER = peer_module("dgc")
 
 
 @pytest.fixture(scope="module")
 def fx():
-    with np.load(FIXTURE) as z:
-        return {k: z[k] for k in z.files}
+    return peer_fixture("dgc")
 
 
 def _run(spec, P, T, x0, grads, lr):

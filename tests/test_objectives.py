@@ -12,16 +12,13 @@ from sim.workloads.data import Dataset, load_dataset, minibatch, shard_indices
 from sim.base.errors import ConfigError, DataError, SparsimError
 from sim.workloads.objectives import OBJECTIVES, make_objective
 
+from _shared import ObjectiveCache
+from _shared import small_dataset as _small_dataset
+
 
 # ------------------------------------------------------------------------------------ fixtures
-def small_dataset(*, sparse: bool, C: int, n: int = 40, p: int = 6, seed: int = 0) -> Dataset:
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, p)) * rng.uniform(0.5, 2.0, size=p)
-    X[rng.random((n, p)) < 0.3] = 0.0
-    y = np.arange(n, dtype=np.int64) % C
-    rng.shuffle(y)
-    X = sp.csr_matrix(X) if sparse else X
-    return Dataset(X=X, y=y, n_classes=C, name=f"small_{'sparse' if sparse else 'dense'}_{C}", source="test")
+def small_dataset(*, sparse: bool, C: int) -> Dataset:
+    return _small_dataset(sparse=sparse, C=C, n=40, p=6)
 
 
 def _build(key: str):
@@ -54,14 +51,12 @@ KEYS = [
     "sines", "sines_flat", "double_well", "robust", "robust_big_nnz", "logistic_dense", "logistic_sparse",
     "logistic_bc", "softmax_dense", "softmax_sparse", "softmax_digits",
 ]
-_CACHE: dict = {}
+_CACHE = ObjectiveCache(_build)
 
 
 @pytest.fixture(params=KEYS)
 def obj(request):
-    if request.param not in _CACHE:
-        _CACHE[request.param] = _build(request.param)
-    return _CACHE[request.param]
+    return _CACHE(request.param)
 
 
 def _points(o, m=4, seed=0, scale=1.0):

@@ -4,9 +4,7 @@ over MPI), against its own definition (regions, split-and-reduce, thresholds, ba
 contraction of its re-estimation step, and its closed form against the paper's bound (Eq. 3)."""
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,25 +22,14 @@ from sim.base.errors import ConfigError
 from sim.machine.network import NetworkSpec, PRESETS
 from sim.engine.timing import closed_form_comm_s
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "fixtures" / "peers" / "oktopk.npz"
+from _shared import peer_fixture, peer_module
 
-
-def _peer_module():
-    """benchmarks/peers/oktopk_peer.py (its input generator and case table; it imports numpy only at load)."""
-    spec = importlib.util.spec_from_file_location("oktopk_peer", ROOT / "benchmarks" / "peers" / "oktopk_peer.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-PEER = _peer_module()
+PEER = peer_module("oktopk")
 
 
 @pytest.fixture(scope="module")
 def fx():
-    with np.load(FIXTURE) as z:
-        return {k: z[k] for k in z.files}
+    return peer_fixture("oktopk")
 
 
 def _steps(spec, accs_of, P, d, T, states=None, iteration0=1):
