@@ -109,3 +109,18 @@ def test_iterations_are_identical_and_categories_add_up():
     assert np.ptp(r.iter_s) < 1e-12
     # rank 0 (the tree's root) is on the critical path: compute + compress + comm = the iteration
     assert r.compute_s + r.compress_s + r.comm_s == pytest.approx(r.iter_s[0], rel=1e-12)
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 8])
+def test_derived_timing_program_equals_real_data_run_beyond_the_icdcs_three(P):
+    """The timing-only per-rank programs are derived from each algorithm's one vectorised definition
+    (sim.engine.timing.rank_program of fast_rounds): for the collectives whose sizes do not depend on the data
+    (CLT-k's leader broadcast and allreduce, PowerSGD's two allreduces, rand-k's allgather) they give the real
+    S-SGD step's simulated time, compute included."""
+    d, k = 3000, 30
+    for spec in (AlgorithmSpec("cltk", k=k, collective="ring"), AlgorithmSpec("cltk", k=k, collective="recursive_doubling"),
+                 AlgorithmSpec("powersgd", collective="ring"), AlgorithmSpec("randk", k=k)):
+        iters = 2 * P + 1 if spec.name == "cltk" else 2  # CLT-k's leader visits every rank
+        real = _real_time(spec, P, d, iterations=iters)
+        timing = simulate_timing(spec, P, d, network=NET, compute=CM, batch_size=8, iterations=iters).iter_s
+        np.testing.assert_allclose(timing, real, rtol=1e-12, atol=1e-15, err_msg=spec.label)

@@ -10,10 +10,11 @@ An S-SGD variant is one :class:`Algorithm` subclass in one file of this package 
   residual eps_p; explicit per-worker state (momentum, low-rank factors, thresholds) lives in the dict
   ``state`` that :func:`sgd_step` receives and returns (:attr:`StepOutput.state`), in the spirit of optax's
   ``init`` / ``update`` pairs and GRACE's compressor / memory / communicator roles;
-- its **timing-only program** (:meth:`Algorithm.timing_exchange`), the same collective on payloads of the
-  right size without the data (:mod:`sim.engine.timing`), and its **vectorised** form (:meth:`Algorithm.fast_rounds`: the
-  exchange on every rank at once as Work / Round data from :mod:`sim.comm.rounds`, which the fast engine
-  :mod:`sim.engine.fastsim` interprets; no algorithm imports an engine);
+- its **timing-only form** (:meth:`Algorithm.fast_rounds`): the exchange on every rank at once as Work / Round
+  data, usually one collective of :mod:`sim.comm.rounds` after the selection. The fast engine
+  (:mod:`sim.engine.fastsim`) interprets it over all ranks; the message-level timing-only mode
+  (:mod:`sim.engine.timing`) derives each rank's program from it (:func:`sim.engine.timing.rank_program`). No
+  algorithm imports an engine;
 - its **closed-form cost** (:meth:`Algorithm.closed_form_s`, alpha-beta, :mod:`sim.comm.costs`);
 - its names: :attr:`Algorithm.name`, :attr:`Algorithm.collectives` (the first is the default), options
   (:attr:`Algorithm.options`, e.g. PowerSGD's rank) with defaults and ranges.
@@ -335,17 +336,9 @@ class Algorithm:
         (float arrays (d,)); updates ``ctx.state`` (e.g. DGC's momentum masking). Nothing by default."""
 
     # ------------------------------------------------------------------ timing only (sim.engine.timing, sim.engine.fastsim)
-    def timing_payloads(self, spec: "AlgorithmSpec", P: int, d: int, rng: np.random.Generator) -> list:
-        """Per-rank payloads of :meth:`timing_exchange` (the right sizes, no real data), a list of P items."""
-        raise NotImplementedError
-
-    def timing_exchange(self, spec: "AlgorithmSpec", rank: int, P: int, d: int, payload):
-        """Sans-I/O program: the compute and messages of one whole-model exchange of d elements (selection
-        included), on ``payload`` from :meth:`timing_payloads`; only its time counts."""
-        raise NotImplementedError
-
     def fast_rounds(self, spec: "AlgorithmSpec", P: int, d: int, it: int, G: int):
-        """The same exchange as :meth:`timing_exchange` on every rank at once, as data: an iterable of
+        """One whole-model exchange of d elements (selection included) on every rank at once, in timing-only sizes,
+        as data: an iterable of
         :class:`sim.comm.rounds.Work` and :class:`sim.comm.rounds.Round` (usually one of the vectorised collectives
         of :mod:`sim.comm.rounds`, after the selection's Work) that an engine interprets
         (:meth:`sim.engine.fastsim.FastCluster.run`). P: ranks; d: elements; it: iteration (1-based; e.g. CLT-k's

@@ -55,18 +55,6 @@ def bcast_from(rank: int, P: int, root: int, item, nbytes_of):
     return item
 
 
-class _TimingPayload:
-    """A rank's timing-only payload: k placeholder indices, k phantom values, and the iteration counter that
-    rotates the leader (each :meth:`CLTK.timing_exchange` is one iteration of one rank)."""
-
-    def __init__(self, k: int):
-        from sim.comm.payloads import phantom_dense
-
-        self.idx = np.zeros(int(k), dtype=np.int64)
-        self.vals = phantom_dense(int(k))
-        self.t = 0
-
-
 @register
 class CLTK(Algorithm):
     """ScaleCom's CLT-k (NeurIPS 2020, Algorithm 1 at beta = 1): leader t mod P's top-k indices broadcast, the
@@ -98,18 +86,6 @@ class CLTK(Algorithm):
         res[idx] = 0.0
         m = int(idx.shape[0])
         return Exchange(g, res, m, m)
-
-    def timing_payloads(self, spec, P, d, rng):
-        return [_TimingPayload(spec.k) for _ in range(P)]
-
-    def timing_exchange(self, spec, rank, P, d, payload):
-        payload.t += 1
-        root = leader(payload.t, P)
-        if rank == root:
-            yield Compute("select", d)
-        ib = spec.index_bytes
-        yield from bcast_from(rank, P, root, payload.idx, lambda a: a.shape[0] * ib)
-        return (yield from self._allreduce(spec, rank, P, payload.vals))
 
     def fast_rounds(self, spec, P, d, it, G):
         R = np.arange(P, dtype=np.int64)

@@ -49,22 +49,6 @@ class Dense(Algorithm):
         n = acc.shape[0]
         return Exchange(g, np.zeros_like(acc), n, n)
 
-    def timing_payloads(self, spec, P, d, rng):
-        from sim.comm.payloads import phantom_dense
-
-        return [phantom_dense(d)] * P
-
-    def timing_exchange(self, spec, rank, P, d, payload):
-        vb = spec.value_bytes
-        if spec.collective == "ring":
-            return (yield from C.ring_allreduce(rank, P, payload, vb))
-        if spec.collective == "recursive_doubling":
-            return (yield from C.rd_allreduce(rank, P, payload, vb))
-        if spec.collective == "hierarchical":
-            return (yield from C.hier_allreduce(rank, P, spec.gpus_per_node, payload, vb))
-        raise SparsimError(f"collective = {spec.collective!r} has no timing-only mode: valid ring, "
-                           "recursive_doubling, hierarchical")
-
     def fast_rounds(self, spec, P, d, it, G):
         R = np.arange(P, dtype=np.int64)
         vb = spec.value_bytes

@@ -60,16 +60,6 @@ class GTopK(Algorithm):
         new_res[sel.idx[res.applied]] = 0.0
         return Exchange(res.g.to_dense(), new_res, len(sel), int(res.applied.sum()))
 
-    def timing_payloads(self, spec, P, d, rng):
-        from sim.comm.payloads import random_selection
-
-        # one selection per rank, so every merge and survival mask does real work
-        return [random_selection(spec.k, d, rng) for _ in range(P)]
-
-    def timing_exchange(self, spec, rank, P, d, payload):
-        yield Compute("select", d)
-        return (yield from gtopk_collective(spec, rank, P, payload))
-
     def fast_rounds(self, spec, P, d, it, G):
         yield V.Work("select", d)
         R = np.arange(P, dtype=np.int64)

@@ -56,7 +56,7 @@ Compute: an exact k-th largest / top-k is ``select`` (elements scanned); a thres
 elements has no kind of its own in :data:`sim.base.ops.COMPUTE_KINDS` and is costed as ``reduce`` of n elements (a
 linear elementwise pass, the closest kind); adding received entries into R_p and assembling g are ``reduce``.
 
-Timing-only mode (:meth:`OkTopK.timing_exchange`, :meth:`OkTopK.fast_rounds`) models a steady-state iteration
+Timing-only mode (:meth:`OkTopK.fast_rounds`) models a steady-state iteration
 (c % tau != 0, no repartition; the re-estimation and repartition steps, 1 in tau and 1 in tau', add an
 exact selection and a small allreduce) under this assumption: the regions are balanced, so every rank selects
 kr = ceil(k/P) entries in every region (k rounded up to a multiple of P), no threshold needs raising, and the
@@ -260,25 +260,7 @@ class OkTopK(Algorithm):
         res[applied] = 0.0
         return Exchange(g, res, m, int(applied.shape[0]))
 
-    # ------------------------------------------------------------------ timing only
-    def timing_payloads(self, spec, P, d, rng):
-        # one phantom part of kr = ceil(k/P) entries serves every region of every rank: only sizes count
-        kr = -(-int(spec.k) // P)
-        part = Sparse(np.arange(kr, dtype=np.int64), np.ones(kr), d)
-        return [part] * P
-
-    def timing_exchange(self, spec, rank, P, d, payload):
-        vb, ib = spec.value_bytes, spec.index_bytes
-        kr = len(payload)
-        yield Compute("reduce", d)  # the threshold check (no raise needed)
-        yield Compute("reduce", d)  # the selection filter
-        got = yield from split_reduce_rounds(rank, P, [payload] * P, lambda s_: s_.nbytes(vb, ib))
-        yield Compute("reduce", sum(len(p) for p in got))
-        yield Compute("reduce", int(d // P + (rank < d % P)))  # the global filter over this rank's region
-        blocks = yield from balance_and_allgatherv(rank, P, payload, vb, ib)
-        yield Compute("reduce", P * kr)
-        return blocks
-
+    # ------------------------------------------------------------------ timing only (vectorised)
     def fast_rounds(self, spec, P, d, it, G):
         R = np.arange(P, dtype=np.int64)
         kr = -(-int(spec.k) // P)

@@ -531,25 +531,7 @@ class PowerSGD(Algorithm):
         sent = plan.u_size + plan.p_size + plan.q_size
         return Exchange(g, acc - avg, sent, sent)
 
-    # ------------------------------------------------------------------ timing only
-    def timing_payloads(self, spec, P, d, rng):
-        return [None] * P
-
-    def timing_exchange(self, spec, rank, P, d, payload):
-        from sim.comm.payloads import phantom_dense
-
-        allreduce = _allreduce(spec, rank, P)
-        plan = self.plan(spec, d)
-        if plan.uncompressed:
-            return (yield from allreduce(phantom_dense(d)))
-        (e,) = plan.compressed
-        yield Compute("reduce", e.rows * e.cols * e.r + e.cols * e.r * e.r)
-        yield from allreduce(phantom_dense(e.rows * e.r))
-        yield Compute("reduce", e.rows * e.cols * e.r + e.rows * e.r * e.r)
-        out = yield from allreduce(phantom_dense(e.cols * e.r))
-        yield Compute("reduce", e.rows * e.cols * e.r)
-        return out
-
+    # ------------------------------------------------------------------ timing only (vectorised)
     def fast_rounds(self, spec, P, d, it, G):
         from sim.algorithms.base import AlgorithmSpec, get
 

@@ -82,15 +82,7 @@ class SparCML(Algorithm):
         res[sel.idx] = 0.0
         return Exchange(ops.finish(out), res, len(sel), len(sel))
 
-    # ------------------------------------------------------------------ timing only
-    def timing_payloads(self, spec, P, d, rng):
-        return [PhantomStream(int(spec.k), False, int(d))] * P
-
-    def timing_exchange(self, spec, rank, P, d, payload):
-        yield Compute("select", d)
-        ops = PhantomStreams(d, spec.value_bytes, spec.index_bytes, spec.opt("dense_threshold"))
-        return (yield from self._coll(spec)(rank, P, payload, streams=ops))
-
+    # ------------------------------------------------------------------ timing only (vectorised)
     def fast_rounds(self, spec, P, d, it, G):
         yield V.Work("select", d)
         yield from _ssar_rounds(spec, P, d, split=spec.collective == "ssar_split_allgather")

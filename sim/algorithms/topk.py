@@ -43,24 +43,6 @@ class AllgatherSparse(Algorithm):
         res[sel.idx] = 0.0
         return Exchange(g, res, len(sel), len(sel))
 
-    def timing_payloads(self, spec, P, d, rng):
-        from sim.comm.payloads import random_selection
-
-        # the allgather moves each rank's k entries whatever they are: one selection serves every rank
-        return [random_selection(spec.k, d, rng)] * P
-
-    def timing_exchange(self, spec, rank, P, d, payload):
-        yield Compute("select", d)
-        vb, ib = spec.value_bytes, spec.index_bytes
-        # the allgather's messages and its reduce op, without its dense sum (numerics only)
-        nbytes_of = lambda s_: s_.nbytes(vb, ib)  # noqa: E731
-        if spec.collective == "hierarchical":
-            out = yield from C.hier_allgather(rank, P, spec.gpus_per_node, payload, nbytes_of)
-        else:
-            out = yield from C.bruck_allgather(rank, P, payload, nbytes_of)
-        yield Compute("reduce", sum(len(b) for b in out))
-        return out
-
     def fast_rounds(self, spec, P, d, it, G):
         yield V.Work("select", d)
         R = np.arange(P, dtype=np.int64)

@@ -1,8 +1,9 @@
 """Timing-only payloads: the right sizes, (almost) no data.
 
-At d = 61M parameters and P = 128 workers the real numerics do not fit in memory, yet a simulated iteration's
-time depends only on message sizes and compute work. The timing-only mode (:mod:`sim.engine.timing`) runs the
-unchanged per-rank collectives of :mod:`sim.comm.collectives` on these payloads:
+The per-rank collectives of :mod:`sim.comm.collectives` run unchanged on these payloads, which have the right
+sizes but no data: the tests hold a collective's messages on them to its closed form and to its vectorised
+twin (:mod:`sim.comm.rounds`), and the merge benchmark merges them. (The timing-only mode itself runs the
+vectorised form, :mod:`sim.engine.timing`.)
 
 - dense: :func:`phantom_dense` -- a float32 array of shape (d, 0): no bytes, but ``shape[0] == d`` and every
   operation the dense collectives perform on it (copy, slicing along axis 0, ``+``, slice assignment) keeps

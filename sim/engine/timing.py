@@ -2,26 +2,21 @@
 
 At d = 61M parameters and P = 128 workers the real numerics (P dense float arrays of d values, P
 accumulators, P dense sums) do not fit in memory, yet the simulated time of an iteration depends only
-on the sizes of the messages and on the compute work. This module runs the *unchanged* collectives of
-:mod:`sim.comm.collectives` on payloads that have the right sizes but (almost) no data:
+on the sizes of the messages and on the compute work. Each algorithm states its exchange once in timing-only
+sizes, for every rank at once (:meth:`sim.algorithms.Algorithm.fast_rounds`: Work and Round data, usually a
+collective of :mod:`sim.comm.rounds`): dense messages of every value, sparse selections of exactly k entries,
+every gTop-k merge keeping k, Top-k's ``reduce`` of the P k received entries without its dense sum.
 
-- dense: :func:`~sim.comm.payloads.phantom_dense` returns a float32 array of shape ``(d, 0)``. It holds no bytes, yet
-  ``shape[0] == d`` and every operation :func:`sim.comm.collectives.ring_allreduce` and
-  :func:`~sim.comm.collectives.rd_allreduce` perform on it -- ``np.array(x, copy=True)``, slicing along
-  axis 0, ``.copy()``, ``+`` and slice assignment -- works and keeps the length bookkeeping exact,
-  so the messages carry ``rows * value_bytes`` bytes exactly as with a real (d,) array. No line of the
-  collectives changed.
-- sparse: :func:`~sim.comm.payloads.random_selection` returns a real :class:`~sim.comm.compression.Sparse` of k distinct random
-  indices in [0, d) with random positive values, so the gTop-k merges and survival masks run for real
-  (k <= 61,000 per rank here; each merge sees k + k entries of one sign and keeps exactly k, as with real
-  gradients). Top-k runs the same Bruck allgather :func:`sim.comm.collectives.topk_allgather_sum` runs, and
-  yields the same ``reduce`` operation, but skips its local dense sum (P float arrays of d values; it is
-  numerics only, costed by that ``reduce`` operation).
+- the fast engine (:func:`simulate_timing_fast`, :mod:`sim.engine.fastsim`) interprets that data a round at a
+  time over all ranks;
+- the message-level engine (:func:`simulate_timing` with ``engine = "message"``, :mod:`sim.engine.cluster`) runs
+  each rank's part of it (:func:`rank_program`) as a per-rank program: every message an event.
 
 :func:`timing_program` mirrors :func:`sim.algorithms.sgd_step` operation for operation
 (``forward_backward``, ``select`` for sparse algorithms, the collective, ``update``);
-``tests/test_timing.py`` checks that its simulated time equals the real ``sgd_step``'s at small d and
-that its collective time equals the closed forms of :mod:`sim.comm.costs`.
+``tests/test_timing.py`` checks that its simulated time equals the real ``sgd_step``'s (whose per-rank
+collectives carry the data, :mod:`sim.comm.collectives`) at small d, and that its collective time equals the
+closed forms of :mod:`sim.comm.costs`; ``tests/test_fastsim.py`` holds the two engines together at 1e-9.
 """
 from __future__ import annotations
 
@@ -33,32 +28,54 @@ from sim.algorithms import AlgorithmSpec
 from sim.engine.cluster import SimCluster
 from sim.engine.fastsim import FastCluster, fast_iteration
 from sim.machine.compute import ComputeModel
-from sim.base.errors import ConfigError, SparsimError, check_range
-from sim.machine.network import NetworkSpec
-from sim.base.ops import Compute
+from sim.base.errors import ConfigError, check_range
+from sim.base.ops import Compute, Recv, Send, SendRecv
+from sim.comm.rounds import Round
 
-__all__ = ["timing_program", "simulate_timing_fast", "TimingResult",
+__all__ = ["timing_program", "rank_program", "simulate_timing_fast", "TimingResult",
            "simulate_timing", "closed_form_comm_s", "ENGINES", "resolve_engine", "check_cluster_matches"]
 
 
-def timing_program(spec: AlgorithmSpec, rank: int, P: int, d: int, batch_size: int, payload):
+def rank_program(ops, rank: int):
+    """Rank ``rank``'s part of a vectorised program (:mod:`sim.comm.rounds`) as a per-rank sans-I/O program
+    (:mod:`sim.base.ops`): the timing-only form of every collective, derived from its one all-ranks definition.
+
+    ops: a sequence of :class:`~sim.comm.rounds.Work` and :class:`~sim.comm.rounds.Round`. A Work becomes
+    ``Compute(kind, work[rank])`` (nothing where that is 0: zero work costs 0 s in every compute model); a Round
+    becomes ``SendRecv`` when the rank both sends and receives, ``Send`` or ``Recv`` when it does one, nothing
+    when neither. Payloads are None: only sizes (``nbytes[rank]`` bytes) count. Returns None."""
+    for op in ops:
+        if isinstance(op, Round):
+            dst = int(op.dst[rank])
+            src = int(op.src[rank])
+            if dst >= 0:
+                nb = int(op.nbytes if np.ndim(op.nbytes) == 0 else op.nbytes[rank])
+                if src >= 0:
+                    yield SendRecv(dst, None, nb, src)
+                else:
+                    yield Send(dst, None, nb)
+            elif src >= 0:
+                yield Recv(src)
+        else:
+            w = op.work if np.ndim(op.work) == 0 else op.work[rank]
+            if w:
+                yield Compute(op.kind, w.item() if isinstance(w, np.generic) else w)
+
+
+def timing_program(spec: AlgorithmSpec, rank: int, P: int, d: int, batch_size: int, ops):
     """One S-SGD iteration of worker ``rank`` in timing-only mode (a sans-I/O program, :mod:`sim.base.ops`).
 
     Yields the operations of :func:`sim.algorithms.sgd_step` in the same order: ``forward_backward``
-    (``batch_size`` samples), for sparse algorithms ``select`` over d elements, the collective of
-    ``spec`` (dense ``ring`` / ``recursive_doubling``, Top-k ``allgather``, gTop-k ``tree`` /
-    ``recursive_doubling`` with its mask rule and element bytes; Top-k and rand-k: the Bruck allgather and the
-    ``reduce`` op of ``topk_allgather_sum`` without its dense sum), then ``update`` of d parameters.
-    payload: :func:`~sim.comm.payloads.phantom_dense` (d) for dense, this rank's :func:`~sim.comm.payloads.random_selection` otherwise.
-    Returns the collective's result (its numbers are meaningless; only the time counts).
+    (``batch_size`` samples), the exchange -- rank ``rank``'s part (:func:`rank_program`) of ``ops``, the
+    algorithm's vectorised exchange ``list(spec.algorithm.fast_rounds(spec, P, d, iteration, G))`` (selection
+    Work, then the collective's rounds) -- then ``update`` of d parameters. Returns None (only the time counts).
     Raises ConfigError (on its first step) if ``spec.segments`` is set: layer-wise timing is done by the
     iteration timeline (sim/engine/timeline.py), not here.
     """
     spec.require_whole_model("the timing-only mode (sim.engine.timing)")
     yield Compute("forward_backward", batch_size)
-    out = yield from spec.algorithm.timing_exchange(spec, rank, P, d, payload)
+    yield from rank_program(ops, rank)
     yield Compute("update", d)
-    return out
 
 
 @dataclass(frozen=True)
@@ -140,12 +157,12 @@ def simulate_timing(spec: AlgorithmSpec, P: int, d: int, *, network, compute: Co
         return simulate_timing_fast(spec, P, d, network=network, compute=compute, batch_size=batch_size,
                                     iterations=iterations)
     cl = SimCluster(P, network, compute)
-    rng = np.random.default_rng(seed)
-    payloads = spec.algorithm.timing_payloads(spec, P, d, rng)
     times = []
     for it in range(iterations):
         t0 = cl.env.now
-        _, finish = cl.run_programs([timing_program(spec, r, P, d, batch_size, payloads[r]) for r in range(P)],
+        # the exchange's one definition (the algorithm's vectorised rounds), each rank running its part
+        ops = list(spec.algorithm.fast_rounds(spec, P, d, it + 1, spec.gpus_per_node))
+        _, finish = cl.run_programs([timing_program(spec, r, P, d, batch_size, ops) for r in range(P)],
                                     iteration=it + 1)
         times.append(float(finish.max()) - t0)
     b0 = cl.busy[0] / iterations
