@@ -213,12 +213,46 @@ def test_horovod_timeline_zero_backward():
 
 
 def test_straggler_sets_the_iteration_time():
+    """straggler_prob = 1, factor 3: every rank's forward and backward take 3x, the collectives do not.
+
+    toy(L=2, bwd=0.1): layers l0, l1 of forward 0.01 s and backward 0.1 s, 300,010 parameters each; at
+    bucket_cap_mb = 1 DDP makes one bucket per layer (4 x 300,010 bytes >= 1 MiB), bucket 0 = l1 first. With
+    F = 0.02, B = 0.2: bucket 0 is ready at 3 (F + 0.1) = 0.36 s and its ring allreduce ends at 0.36 + ring, before
+    bucket 1 is ready at the end of backward, 3 (F + B) = 0.66 s; bucket 1's allreduce then ends the iteration
+    (update_coeff_s = 0): iter = 3 (F + B) + ring, ring = 2 (P-1)(alpha + ceil(300,010 / 4) 4 beta) at P = 4."""
+    from sim.comm.costs import ring_allreduce_time
+
     w = toy(L=2, bwd=0.1)
+    pol = TimelinePolicy(bucket_cap_mb=1.0)
     cm = ComputeModel(straggler_prob=1.0, straggler_factor=3.0)
-    r = simulate_timeline(AlgorithmSpec("dense"), w, 4, network=NET, compute=cm, policy=TimelinePolicy(bucket_cap_mb=1.0))
-    base = simulate_timeline(AlgorithmSpec("dense"), w, 4, network=NET, policy=TimelinePolicy(bucket_cap_mb=1.0))
+    r = simulate_timeline(AlgorithmSpec("dense"), w, 4, network=NET, compute=cm, policy=pol, trace_iterations=[1])
+    base = simulate_timeline(AlgorithmSpec("dense"), w, 4, network=NET, policy=pol)
     assert r.compute_s[0] == pytest.approx(3 * base.compute_s[0])
-    assert r.iter_s[0] >= 3 * (2 * 0.01 + 2 * 0.1)
+    assert [b.numel for b in r.buckets] == [300_010, 300_010] and r.buckets[0].tensors == (3, 2)
+    F, B = 2 * 0.01, 2 * 0.1
+    alpha, beta = NET.end_to_end_alpha_beta()
+    ring = ring_allreduce_time(4, 300_010, alpha, beta)
+    assert 3 * (F + 0.1) + ring < 3 * (F + B)  # bucket 0 is over before bucket 1 is ready: nothing queues
+    assert r.iter_s[0] == pytest.approx(3 * (F + B) + ring, rel=1e-12)
+    assert r.comm_s[0] == pytest.approx(2 * ring, rel=1e-12)  # the collectives are not stretched
+    assert r.exposed_comm_s[0] == pytest.approx(ring, rel=1e-12)  # bucket 1's allreduce, after rank 0's backward
+    # = the timeline without stragglers of the same workload with 3x layer times
+    slow = simulate_timeline(AlgorithmSpec("dense"), toy(L=2, fwd=0.03, bwd=0.3), 4, network=NET, policy=pol,
+                             trace_iterations=[1])
+    for f in ("iter_s", "compute_s", "comm_s", "exposed_comm_s"):
+        assert getattr(r, f)[0] == pytest.approx(getattr(slow, f)[0], rel=1e-12), f
+    # every rank straggles (not only the slowest, which alone sets iter_s): on each of the 4 ranks forward takes
+    # 0.03 s and backward 0.3 s per layer, backward ends at 3 (F + B), and each allreduce lasts ring
+    (tl,), (tl_slow,) = r.timelines, slow.timelines
+    assert len(tl.compute) == 4
+    for rank in range(4):
+        comp = {name: (s, e) for name, s, e, _ in tl.compute[rank]}
+        for name, want in (("forward l0", 0.03), ("forward l1", 0.03), ("backward l1", 0.3), ("backward l0", 0.3)):
+            assert comp[name][1] - comp[name][0] == pytest.approx(want, rel=1e-12), (rank, name)
+        assert comp["backward l0"][1] == pytest.approx(3 * (F + B), rel=1e-12), rank
+        assert [(n, pytest.approx(s, rel=1e-12), pytest.approx(e, rel=1e-12)) for n, s, e, _ in tl.compute[rank]] \
+            == [(n, s, e) for n, s, e, _ in tl_slow.compute[rank]]
+        assert [e - s for _, s, e, _ in tl.comm[rank]] == pytest.approx([ring, ring], rel=1e-12), rank
 
 
 def test_trace_is_valid_and_sums_match(tmp_path):
