@@ -268,7 +268,7 @@ def _sampling_bias(summary: dict) -> float | None:
     None when the scenario cannot be rebuilt here (another backend's data, a missing file)."""
     import numpy as np
 
-    from .run import build
+    from .build import build
     from .scenario import Scenario
 
     if summary.get("scenario", {}).get("model", {}).get("name"):

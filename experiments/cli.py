@@ -328,9 +328,9 @@ def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, pattern, bus
     from sim.base.errors import check_range
 
     from .calibrate import calibrate as run_calibration
-    from .run import _check_torch
+    from .torch_job import check_torch
 
-    _check_torch("sparsim calibrate")  # one line, not a traceback, without the torch extra
+    check_torch("sparsim calibrate")  # one line, not a traceback, without the torch extra
     check_range("--nproc", nproc, 2, 64)
     check_range("--min-bytes", min_bytes, 1)
     check_range("--max-bytes", max_bytes, min_bytes + 1, 1 << 30)
@@ -436,7 +436,7 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
         if calibration is not None:
             if alpha_s is not None or bandwidth_Bps is not None:
                 raise SparsimError("--calibration and --alpha-s / --bandwidth-Bps each name the network: give one")
-            from .run import build_network
+            from .resolve import build_network
             from .scenario import load_scenario
 
             cal = load_scenario(calibration)

@@ -80,10 +80,10 @@ def main(argv=None):
         ap.error(bad[0])
     from sim.base.errors import ConfigError, SparsimError
 
-    from experiments.run import _check_torch
+    from experiments.torch_job import check_torch
 
     try:  # torch and the options checked here, before any process starts: one line, exit 2
-        _check_torch("experiments/ddp_example.py")
+        check_torch("experiments/ddp_example.py")
         from sim.distributed.ddp_hooks import SparseState
 
         SparseState(None, a.algorithm, a.density, scope=a.scope, start_iter=a.start_iter)

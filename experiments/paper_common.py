@@ -25,7 +25,7 @@ def cached_run(run_dir: Path, compute: Callable[[], list[dict]]) -> list[dict]:
     is written atomically (temporary file + rename), so an existing file is always complete.
     """
     from .check import read_metrics
-    from .run import write_metrics
+    from .record import write_metrics
 
     run_dir = Path(run_dir)
     path = run_dir / "metrics.csv"

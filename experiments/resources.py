@@ -27,6 +27,8 @@ import math
 from sim.base.errors import ResourceError
 from sim.engine.runner import ARRAYS_PER_RANK, ARRAYS_SHARED
 
+from .resolve import algorithm_specs
+
 __all__ = ["MAX_WORK", "SECONDS_PER_UNIT", "MESSAGE_UNITS", "STEP_UNITS", "TORCH_ARRAYS_PER_RANK",
            "TORCH_PROCESS_BYTES", "available_memory_bytes", "messages_per_step", "estimate_work",
            "estimate_memory", "data_bytes_synthetic", "data_bytes_dataset", "check_resources", "format_bytes"]
@@ -103,8 +105,6 @@ def messages_per_step(algorithm: str, collective: str, P: int, G: int = 1, segme
 
 def estimate_work(sc, d: int) -> float:
     """Estimated work of running scenario ``sc`` with d parameters (units, see the module docstring)."""
-    from .run import algorithm_specs
-
     cl, c = sc.cluster, sc.compression
     P, T, G = cl.P, sc.training.iterations, _gpus_per_node(sc.cluster)
     segments = len(c.layer_sizes) or 1

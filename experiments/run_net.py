@@ -1,6 +1,6 @@
 """The parts of ``sparsim run`` particular to a ``[model]`` scenario: a torch network trained on images.
 
-The run itself is the ordinary numerics run (:mod:`experiments.run`): the network is the objective
+The run itself is the ordinary numerics run (:mod:`experiments.build`, :mod:`experiments.run`): the network is the objective
 (:class:`sim.workloads.nets.NetObjective`), the P workers' programs run on the lock-step driver, and each iteration's time
 comes from the same network's layer-wise timeline on the scenario's cluster (:class:`sim.engine.timeline.TimelineClock`).
 This module holds what only such a run needs: its data-size estimate and its summary.json section.
@@ -11,7 +11,15 @@ import dataclasses
 
 from .scenario import Scenario
 
-__all__ = ["net_data_bytes", "net_resolved", "write_net_trace", "activation_bytes"]
+__all__ = ["net_data_bytes", "net_resolved", "write_net_trace", "activation_bytes", "TORCH_NET_CLOCK"]
+
+#: summary.json's ``resolved.clock`` of a [model] run on the torch backend (:func:`net_resolved`): the time columns
+#: are measured, so the network's simulated timeline times nothing there.
+TORCH_NET_CLOCK = ("measured wall time of the P torch processes (the backend's time columns); the [cluster] "
+                   "network, the [compute] model and the [workload] device of the network's layer-wise timeline "
+                   "time nothing on this backend: only training.time_budget_s uses that simulated clock, to run "
+                   "each algorithm for the simulator's number of iterations; workload.sparse_policy still sets the "
+                   "selection segments (numerics)")
 
 #: Bytes of the torch runtime and the network's activations besides the data: ResNet-20 at P = 16 peaked at 1.29 GiB
 #: against an estimate of 0.99 GiB with 512 MiB here (activations of the evaluation's 1000-image forwards and of two
@@ -68,16 +76,18 @@ def activation_bytes(sc: Scenario) -> int:
     return int(ACTIVATION_FACTOR * sum(outs) * w * max(in_flight, 1000 / ACTIVATION_FACTOR))
 
 
-def net_resolved(sc: Scenario, built) -> dict:
-    """summary.json's ``resolved`` additions for a [model] run: the network (parameters, tensors, layers,
+def net_resolved(sc: Scenario, built, backend: str = "sim") -> dict:
+    """summary.json's ``resolved`` additions for a [model] run: what times it (``clock``: the network's layer-wise
+    timeline, or on ``backend`` "torch" :data:`TORCH_NET_CLOCK`), the network (parameters, tensors, layers,
     forward / backward seconds per iteration on the device), the data set, the timeline policy, the segments
-    (per-bucket or per-layer selection) and the time budget."""
+    (per-bucket or per-layer selection) and the time budget. built: the run's :class:`experiments.build.Built`."""
     wl, clock = built.workload, built.clock
     fwd, bwd = wl.layer_times(sc.training.batch_size, clock.device)
     ds = built.dataset
     segs = next((s.segments for s in built.specs if s.segments is not None), None)
     return {
-        "clock": "layer-wise timeline of the network on the cluster (sim.engine.timeline.TimelineClock); numerics on the "
+        "clock": TORCH_NET_CLOCK if backend == "torch" else
+                 "layer-wise timeline of the network on the cluster (sim.engine.timeline.TimelineClock); numerics on the "
                  "lock-step driver",
         "workload": {"name": wl.name, "parameters": wl.d, "tensors": len(wl.tensors), "layers": len(wl.layers),
                      "input": wl.input, "source": wl.source, "forward_s": float(fwd.sum()),

@@ -38,7 +38,7 @@ class _Strict(BaseModel):
             raise ValueError(f"expected a number, got the boolean {v}")
         return v
 
-    def _changed(self, keys) -> list[str]:
+    def changed_keys(self, keys) -> list[str]:
         """Those of ``keys`` given a value other than their default (a dumped and reloaded scenario has every
         key set, at its default where the user gave none)."""
         return [k for k in keys if k in self.model_fields_set and getattr(self, k) != type(self).model_fields[k].default]
@@ -74,13 +74,13 @@ class ClusterCfg(_Strict):
     @model_validator(mode="after")
     def _keys_in_use(self):
         for keys, where in ((("alpha_s", "bandwidth_Bps"), ("custom", "hierarchical")), (("topology",), ("custom",))):
-            unused = self._changed(keys)
+            unused = self.changed_keys(keys)
             if unused and self.network not in where:
                 raise ValueError(f"{', '.join('cluster.' + k for k in unused)}: used only with network = "
                                  f"{' or '.join(repr(w) for w in where)} (here network = {self.network!r}, whose "
                                  "preset fixes its own)")
         if self.network != "hierarchical":
-            unused = self._changed(self.HIERARCHY_KEYS)
+            unused = self.changed_keys(self.HIERARCHY_KEYS)
             if unused:
                 raise ValueError(f"{', '.join('cluster.' + k for k in unused)}: "
                                  f"{'describes' if len(unused) == 1 else 'describe'} a hierarchical cluster, used only "
@@ -125,9 +125,9 @@ class DataCfg(_Strict):
     @model_validator(mode="after")
     def _path_in_use(self):
         real = self.objective in self.REAL
-        unused = [k for k in self._changed(("d",)) if real]
-        unused += [k for k in self._changed(("n",)) if real and self.dataset != "synthetic_epsilon"]
-        synth_unused = [k for k in self._changed(("dataset", "lam", "mu")) if not real]
+        unused = [k for k in self.changed_keys(("d",)) if real]
+        unused += [k for k in self.changed_keys(("n",)) if real and self.dataset != "synthetic_epsilon"]
+        synth_unused = [k for k in self.changed_keys(("dataset", "lam", "mu")) if not real]
         if synth_unused:
             raise ValueError(f"{', '.join('data.' + k for k in synth_unused)}: used only by the objectives that train "
                              f"on a data set ({', '.join(self.REAL)}); objective = {self.objective!r} generates its own "
@@ -170,7 +170,7 @@ class TrainingCfg(_Strict):
 
     @model_validator(mode="after")
     def _schedule_keys_in_use(self):
-        unused = self._changed([k for k in ("lr", "theta", "inverse_a") if k not in self.SCHEDULE_KEYS[self.schedule]])
+        unused = self.changed_keys([k for k in ("lr", "theta", "inverse_a") if k not in self.SCHEDULE_KEYS[self.schedule]])
         if unused:
             users = {k: [n for n, ks in self.SCHEDULE_KEYS.items() if k in ks] for k in unused}
             raise ValueError(f"{', '.join('training.' + k for k in unused)}: unused by schedule = {self.schedule!r} "
@@ -353,11 +353,11 @@ class Scenario(_Strict):
     def _workload_keys_in_use(self):
         w = self.workload
         if w.active:
-            unused = [f"data.{k}" for k in self.data._changed(DataCfg.model_fields)]
-            unused += [f"training.{k}" for k in self.training._changed(("schedule", "lr", "theta", "inverse_a", "eval_every",
+            unused = [f"data.{k}" for k in self.data.changed_keys(DataCfg.model_fields)]
+            unused += [f"training.{k}" for k in self.training.changed_keys(("schedule", "lr", "theta", "inverse_a", "eval_every",
                                                                          "dtype"))]
-            unused += [f"compute.{k}" for k in self.compute._changed(("forward_backward_s",))]
-            unused += [f"compression.{k}" for k in self.compression._changed(("layer_sizes",))]
+            unused += [f"compute.{k}" for k in self.compute.changed_keys(("forward_backward_s",))]
+            unused += [f"compression.{k}" for k in self.compression.changed_keys(("layer_sizes",))]
             if unused:
                 raise ValueError(f"{', '.join(unused)}: the objective, step size, lumped compute time and layer split of a numerics run, unused "
                                  f"when workload.{'model' if w.model else 'table'} is set (a timing-only timeline of a real model, "
@@ -375,14 +375,14 @@ class Scenario(_Strict):
                      (("dense_policy",), dense, "dense among the algorithms"),
                      (("sparse_policy",), sparse, "a sparse algorithm among the algorithms")]
             for keys, used, needs in rules:
-                unused = w._changed(keys)
+                unused = w.changed_keys(keys)
                 if unused and not used:
                     raise ValueError(f"{', '.join('workload.' + k for k in unused)}: used only with {needs}")
             if w.hook_blocks_backward and w.dense_policy == "horovod" and dense:
                 raise ValueError("workload.hook_blocks_backward = true does not apply to dense_policy = 'horovod' (its "
                                  "background loop never stalls backward): valid dense_policy ddp or none")
         elif not self.model.name:
-            unused = w._changed([k for k in WorkloadCfg.model_fields if k not in ("model", "table")])
+            unused = w.changed_keys([k for k in WorkloadCfg.model_fields if k not in ("model", "table")])
             if unused:
                 raise ValueError(f"{', '.join('workload.' + k for k in unused)}: used only with workload.model or "
                                  "workload.table (a real model's timeline) or model.name (a network trained on images); "
@@ -393,7 +393,7 @@ class Scenario(_Strict):
     def _model_keys_in_use(self):
         m, data = self.model, self.data
         if not m.name:
-            unused = m._changed([k for k in ModelCfg.model_fields if k != "name"])
+            unused = m.changed_keys([k for k in ModelCfg.model_fields if k != "name"])
             if unused:
                 raise ValueError(f"{', '.join('model.' + k for k in unused)}: used only with model.name (a network "
                                  "trained on images)")
@@ -410,9 +410,9 @@ class Scenario(_Strict):
         if data.dataset not in DataCfg.IMAGES:
             raise ValueError(f"data.dataset = {data.dataset!r} with model.name = {m.name!r}: valid fashion-mnist or mnist "
                              "(the networks take 1 x 28 x 28 images)")
-        unused = [f"data.{k}" for k in data._changed(("objective", "lam", "mu", "d", "n"))]
-        unused += [f"compute.{k}" for k in self.compute._changed(("forward_backward_s",))]
-        unused += [f"compression.{k}" for k in self.compression._changed(("layer_sizes",))]
+        unused = [f"data.{k}" for k in data.changed_keys(("objective", "lam", "mu", "d", "n"))]
+        unused += [f"compute.{k}" for k in self.compute.changed_keys(("forward_backward_s",))]
+        unused += [f"compression.{k}" for k in self.compression.changed_keys(("layer_sizes",))]
         if unused:
             raise ValueError(f"{', '.join(unused)}: unused when model.name is set (the network is the objective, its "
                              "layers on workload.device give the compute, and workload.sparse_policy its selection scope)")

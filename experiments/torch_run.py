@@ -1,14 +1,15 @@
-"""Scenario runs on the torch backend: the per-rank job, and the torchrun entry point for several machines.
+"""The torchrun entry point: a scenario on the torch backend across several machines.
 
-Local runs (``sparsim run --backend torch --nproc P``) spawn P processes through
-:func:`sim.distributed.backend.launch_local`, each running :func:`scenario_job`. On several machines, start
-one process per rank with torchrun (README, "Real backend"):
+Local runs (``sparsim run --backend torch --nproc P``) go through :func:`experiments.run.run_scenario`. On several
+machines, start one process per rank with torchrun (README, "Real backend"):
 
     torchrun --nnodes 2 --nproc-per-node 4 --node-rank N --master-addr HOST --master-port 29500 \\
         -m experiments.torch_run SCENARIO.toml --out DIR
 
-Every rank builds the same scenario (deterministic from its seed), runs each algorithm with
-:func:`sim.distributed.backend.run_worker`, and rank 0 writes the run directory.
+Every rank builds the same scenario (deterministic from its seed) and runs each algorithm
+(:func:`experiments.torch_job.scenario_job`); rank 0 writes the run directory
+(:func:`experiments.run.write_run_directory`). :func:`scenario_job`, :func:`run_built` and
+:data:`TORCH_NET_CLOCK` are also importable from here, where they were first defined.
 """
 from __future__ import annotations
 
@@ -16,62 +17,16 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["scenario_job", "run_built", "TORCH_NET_CLOCK", "main"]
+from sim.base.errors import SparsimError
 
-#: summary.json's ``resolved.clock`` of a [model] run on the torch backend (experiments.run.write_run_directory):
-#: the time columns are measured, so the network's simulated timeline times nothing there.
-TORCH_NET_CLOCK = ("measured wall time of the P torch processes (the backend's time columns); the [cluster] "
-                   "network, the [compute] model and the [workload] device of the network's layer-wise timeline "
-                   "time nothing on this backend: only training.time_budget_s uses that simulated clock, to run "
-                   "each algorithm for the simulator's number of iterations; workload.sparse_policy still sets the "
-                   "selection segments (numerics)")
+from .build import build
+from .outdir import check_out, partial_dir, publish
+from .run import write_run_directory
+from .run_net import TORCH_NET_CLOCK
+from .scenario import load_scenario, option_overrides
+from .torch_job import run_built, scenario_job, torch_backend_info
 
-
-def scenario_job(ctx, scenario_dump: dict) -> list | None:
-    """Run every algorithm of a scenario as rank ``ctx.rank`` (a :class:`sim.distributed.backend.DistContext`).
-
-    scenario_dump: ``Scenario.model_dump()`` (validated again here); dense uses
-    torch.distributed.all_reduce when its ``torch.backend_allreduce`` is true; each rank makes its Top-k selections
-    where ``torch.select_device`` says (its GPU or the CPU, the same indices). Returns on rank 0 the metrics rows of all algorithms in order
-    (list of dicts), None on the other ranks. Raises ConfigError if cluster.P differs from the world size.
-    """
-    from sim.base.errors import ConfigError
-
-    from .run import build
-    from .scenario import Scenario
-
-    sc = Scenario.model_validate(scenario_dump)
-    if sc.cluster.P != ctx.P:
-        raise ConfigError(f"cluster.P = {sc.cluster.P} differs from the {ctx.P} launched processes: they must be equal")
-    return run_built(ctx, sc, build(sc))
-
-
-def run_built(ctx, sc, built) -> list | None:
-    """:func:`scenario_job`'s body once the scenario is built: every algorithm of ``built.specs`` as rank
-    ``ctx.rank``, each for ``training.iterations`` iterations or, with a [model] run's ``training.time_budget_s``,
-    for the iterations the simulator runs within that budget on its clock (the network's layer-wise timeline). Returns
-    rank 0's metrics rows (list of dicts), None on the other ranks."""
-    from sim.base.errors import SparsimError
-    from sim.distributed.backend import resolve_select_device, run_worker
-
-    rows = []
-    for spec in built.specs:
-        T = sc.training.iterations
-        if built.clock is not None and built.clock.time_budget_s:  # the simulator's iterations within the budget
-            timeline = built.clock(spec, T)
-            T = built.clock.iterations_within(timeline)
-            if T < 1:  # the simulator's own refusal (sim.engine.runner.run_algorithm), on every rank
-                raise SparsimError(f"training.time_budget_s = {built.clock.time_budget_s:g} s is out of range for "
-                                   f"{spec.label}: its first iteration alone takes {timeline.iter_s[0]:.6g} s of "
-                                   "simulated time: valid budget >= that")
-        res = run_worker(ctx.rank, ctx.P, spec, built.workers, T=T, lr=built.lr, x0=built.x0,
-                         transport=ctx.transport, eval_every=sc.training.eval_every,
-                         backend_allreduce=sc.torch.backend_allreduce
-                         and "backend_allreduce" in spec.algorithm.collectives,
-                         select_device=resolve_select_device(sc.torch.select_device, ctx.rank))
-        if ctx.rank == 0:
-            rows.extend(res.rows)
-    return rows if ctx.rank == 0 else None
+__all__ = ["main", "scenario_job", "run_built", "TORCH_NET_CLOCK"]
 
 
 def main(argv=None) -> int:
@@ -79,8 +34,6 @@ def main(argv=None) -> int:
     [--algorithms A,B] [--timeout S] [--dist-backend auto|gloo|nccl] [--backend-allreduce] [--force]``. Rank 0 writes DIR
     (via DIR.partial). Returns the exit code (2 and one line for user errors)."""
     import argparse
-
-    from sim.base.errors import SparsimError
 
     ap = argparse.ArgumentParser(prog="python -m experiments.torch_run")
     ap.add_argument("scenario", nargs="?")
@@ -97,10 +50,6 @@ def main(argv=None) -> int:
         import torch.distributed as dist
 
         from sim.distributed.backend import init_from_env
-
-        from .outdir import check_out, partial_dir, publish
-        from .run import build, torch_backend_info, write_run_directory
-        from .scenario import load_scenario, option_overrides
 
         ov = list(a.overrides) + option_overrides(algorithms=a.algorithms or None, timeout_s=a.timeout,
                                                   backend_allreduce=a.backend_allreduce, dist_backend=a.dist_backend)

@@ -291,7 +291,7 @@ def _check_plan(pl: Plan) -> None:
     from sim.workloads.nets import NET_ZOO
     from sim.machine.topology import CLUSTER_PRESETS
 
-    from .run import build_network
+    from .resolve import build_network
 
     if pl.model not in NET_ZOO:
         raise ConfigError(f"--model {pl.model!r} is unknown: valid {', '.join(NET_ZOO)}")
@@ -326,25 +326,22 @@ def _workload(model: str):
 
 def cluster_iteration_times(pl: Plan, case: Case, cluster: str, iterations: int) -> tuple[np.ndarray, int]:
     """(iter_s, n): the simulated time (s) of each of ``iterations`` iterations of ``case`` on ``cluster`` -- float64
-    array of shape (iterations,), from the network's layer-wise timeline (:class:`sim.engine.timeline.TimelineClock`, built
-    as :meth:`experiments.run.Built._net_segments` builds it: the cluster, workload.device, the DDP / sparse policies,
-    the compute model, b images per worker) -- and n, how many of them the plan's time budget keeps
+    array of shape (iterations,), from the network's layer-wise timeline (:class:`sim.engine.timeline.TimelineClock`,
+    :func:`experiments.resolve.timeline_clock` as a [model] run's :class:`experiments.build.Built` builds it: the
+    cluster, workload.device, the DDP / sparse policies, the compute model, b images per worker) -- and n, how many of them the plan's time budget keeps
     (:meth:`~sim.engine.timeline.TimelineClock.iterations_within`; all without a budget). Imports torch (the network's
     FLOPs). Raises ConfigError as the scenario does."""
     from sim.machine.compute import ComputeModel
-    from sim.engine.timeline import TimelineClock
     from sim.machine.topology import ClusterSpec
 
-    from .run import algorithm_specs, build_network
-    from .workload_run import _policy, resolve_device
+    from .resolve import algorithm_specs, build_network, timeline_clock
 
     sc = pl.scenario(case, cluster, iterations)
     wl = _workload(pl.model)
     net = build_network(sc.cluster, timing_only=True)
     G = net.gpus_per_node if isinstance(net, ClusterSpec) else 1
     (spec,) = algorithm_specs(sc, sc.k_for(wl.d), G)
-    clock = TimelineClock(wl, sc.cluster.P, net, _policy(sc), resolve_device(sc), sc.training.batch_size,
-                          ComputeModel(seed=sc.seed, **sc.compute.model_dump()), sc.cluster.engine, pl.time_budget_s)
+    clock = timeline_clock(sc, wl, net, ComputeModel(seed=sc.seed, **sc.compute.model_dump()), pl.time_budget_s)
     res = clock(spec, iterations)
     return np.asarray(res.iter_s, dtype=np.float64), clock.iterations_within(res)
 

@@ -27,61 +27,27 @@ from pathlib import Path
 import numpy as np
 
 from sim.algorithms import AlgorithmSpec
-from sim.machine.compute import ComputeModel
 from sim.base.errors import ConfigError
-from sim.engine.timeline import TimelinePolicy, chrome_trace, simulate_timeline
+from sim.engine.timeline import chrome_trace, simulate_timeline
+from sim.machine.compute import ComputeModel
 from sim.machine.topology import ClusterSpec
 
 from .outdir import check_out, file_record, partial_dir, publish, save_figure
+from .progress import progress_bar
+from .record import provenance, run_id, versions, write_metrics
+from .resolve import algorithm_specs, build_network, network_summary, resolve_workload, timeline_policy
 from .scenario import Scenario, used_keys_dump
 
-__all__ = ["resolve_workload", "run_workload"]
-
-
-def resolve_workload(sc: Scenario):
-    """The scenario's workload and device: (Workload, DeviceModel or None). Raises ConfigError for an unknown
-    zoo model or device, or a bad layer table."""
-    from sim.workloads.tables import load_layer_table
-    from sim.workloads.zoo import get_model
-
-    w = sc.workload
-    wl = get_model(w.model) if w.model else load_layer_table(w.table)
-    if wl.measured:
-        given = [f"workload.{k}" for k in w._changed(("device", "efficiency"))]
-        if given:
-            raise ConfigError(f"{', '.join(given)}: the layer table {w.table!r} gives measured seconds, which no device "
-                              "model rescales: valid only with a FLOP table or a zoo model")
-        return wl, None
-    return wl, resolve_device(sc)
-
-
-def resolve_device(sc: Scenario):
-    """The DeviceModel of ``workload.device`` with ``workload.efficiency`` applied. Raises ConfigError for an
-    unknown device."""
-    from sim.workloads.devices import get_device
-
-    w = sc.workload
-    dev = get_device(w.device)
-    if w.efficiency is not None:
-        dev = dataclasses.replace(dev, efficiency=w.efficiency)
-    return dev
+__all__ = ["run_workload", "MAX_ROWS_WITHOUT_YES"]
 
 
 def _specs(sc: Scenario, d: int, G: int) -> list[AlgorithmSpec]:
-    c = sc.compression
+    """The scenario's algorithms for a workload of d parameters (k = the scenario's k for d), G ranks per node.
+    Raises ConfigError for k > d."""
     k = sc.k_for(d)
     if k > d:
         raise ConfigError(f"compression.k = {k} is out of range: valid 1 <= k <= d = {d} (the model's parameters)")
-    from .run import algorithm_specs
-
     return algorithm_specs(sc, k, G)
-
-
-def _policy(sc: Scenario) -> TimelinePolicy:
-    w = sc.workload
-    return TimelinePolicy(dense=w.dense_policy, sparse=w.sparse_policy, bucket_cap_mb=w.bucket_cap_mb,
-                          first_bucket_mb=w.first_bucket_mb, fusion_threshold_mb=w.fusion_threshold_mb,
-                          cycle_time_s=w.cycle_time_s, blocking=w.hook_blocks_backward)
 
 
 #: Most metrics rows (iterations x algorithms) a workload run writes without ``--yes``: 10^6 rows is about 0.5 GB
@@ -97,8 +63,6 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
     ``force``, an unknown model or device, a bad layer table, trace iterations beyond training.iterations), and
     any SparsimError of the simulation; the partial directory is then removed.
     """
-    from .run import _progress, _versions, build_network, network_summary, provenance, run_id, write_metrics
-
     out = Path(out)
     w, T = sc.workload, sc.training.iterations
     late = [t for t in w.trace_iterations if t > T]
@@ -114,7 +78,7 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
     net = build_network(sc.cluster, timing_only=True)
     G = net.gpus_per_node if isinstance(net, ClusterSpec) else 1
     specs = _specs(sc, wl.d, G)
-    policy = _policy(sc)
+    policy = timeline_policy(sc)
     c = sc.compute
     cm = ComputeModel(seed=sc.seed, **c.model_dump())
     P, b = sc.cluster.P, sc.training.batch_size
@@ -124,7 +88,7 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
         t_wall = time.perf_counter()
         rows, totals, traces, resolved_algs = [], {}, {}, []
         for spec in specs:
-            bar = _progress(spec.label, T, progress)
+            bar = progress_bar(spec.label, T, progress)
             try:
                 res = simulate_timeline(spec, wl, P, network=net, policy=policy, device=dev, batch_size=b, compute=cm,
                                         iterations=T, trace_iterations=w.trace_iterations, engine=sc.cluster.engine,
@@ -172,7 +136,7 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
             },
             "algorithms": resolved_algs,
             "totals": totals,
-            "versions": _versions(),
+            "versions": versions(),
             "wall_time_s": time.perf_counter() - t_wall,
             "metrics_csv": file_record(tmp / "metrics.csv", rows),
             "provenance": provenance(),

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from experiments import algorithm_pool
 from experiments.algorithm_pool import algorithm_jobs, run_algorithms, usable_cpus
 from experiments.cli import main
-from experiments.run import build
+from experiments.build import build
 from experiments.scenario import load_scenario
 from sim.base.errors import ConfigError, NonFiniteError, ResourceError, SparsimError
 

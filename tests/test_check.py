@@ -125,7 +125,7 @@ def test_check_states_the_sampling_bias_of_unequal_shards(run_dir):
     import numpy as np
 
     from experiments.check import _sampling_bias
-    from experiments.run import build
+    from experiments.build import build
     from experiments.scenario import Scenario
 
     s = json.loads((run_dir / "summary.json").read_text())

@@ -281,7 +281,7 @@ def test_summary_records_only_the_keys_the_run_used(tmp_path):
     sc = json.loads((out / "summary.json").read_text())["scenario"]
     assert "torch" not in sc and "workload" not in sc and "d" not in sc["data"] and "path" not in sc["data"]
     assert "alpha_s" not in sc["cluster"] and "gpus_per_node" not in sc["cluster"]
-    from experiments.run import run_id
+    from experiments.record import run_id
     from experiments.scenario import Scenario, load_scenario
 
     # reloading what was recorded gives the same run

@@ -105,7 +105,7 @@ def test_a_model_run_through_the_cli_is_timed_by_the_networks_timeline(tmp_path)
 
     from experiments.check import check_run
     from experiments.cli import main
-    from experiments.run import build
+    from experiments.build import build
     from experiments.scenario import load_scenario
     from sim.engine.timeline import simulate_timeline
 
@@ -176,7 +176,7 @@ def test_activation_estimate_counts_the_images_in_flight():
 def test_powersgd_exchanges_per_ddp_bucket_as_the_timeline_charges(tmp_path):
     """A [model] run's PowerSGD compressed the whole model as one matrix while the clock charged one per DDP bucket
     (LeNet-5, 0.05 MiB buckets); now its segments are the DDP buckets in flat order, and Horovod is refused."""
-    from experiments.run import build
+    from experiments.build import build
     from sim.engine.timeline import ddp_buckets, flat_segments
 
     sets = ["model.name='lenet5'", "data.dataset='fashion-mnist'", "cluster.P=2", "training.batch_size=8",

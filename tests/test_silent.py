@@ -143,7 +143,7 @@ def test_limits_stay_in_the_readme_key_table():
 
 def test_numerics_unchanged_below_the_limits(tmp_path):
     """The checks only read: a normal run gives the same rows as the lock-step reference driver."""
-    from experiments.run import build
+    from experiments.build import build
     from experiments.scenario import load_scenario
     from sim.engine.runner import run_algorithm
 
@@ -212,7 +212,7 @@ def test_work_estimate_counts_messages():
 
 
 def test_progress_estimates_the_whole_runs_wall_time(monkeypatch):
-    from experiments import run as run_mod
+    from experiments import progress as run_mod
 
     t = iter([0.0, 10.0])
     monkeypatch.setattr(run_mod.time, "perf_counter", lambda: next(t))
