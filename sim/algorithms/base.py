@@ -343,7 +343,7 @@ class Algorithm:
         of :mod:`sim.comm.rounds`, after the selection's Work) that an engine interprets
         (:meth:`sim.engine.fastsim.FastCluster.run`). P: ranks; d: elements; it: iteration (1-based; e.g. CLT-k's
         leader); G: ranks per node (hierarchical collectives). Raises ConfigError if the algorithm has none."""
-        raise ConfigError(f"algorithm {self.name} has no fast-engine form: valid cluster.engine = message")
+        raise ConfigError(f"algorithm {self.name} has no timing-only form (fast_rounds): valid a numerics run")
 
     # ------------------------------------------------------------------ closed forms (sim.comm.costs)
     def closed_form_s(self, spec: "AlgorithmSpec", P: int, d: int, alpha: float, beta: float, cluster=None) -> float:

@@ -564,7 +564,7 @@ def fast_collective(eng: FastCluster, spec: AlgorithmSpec, d: int, it: int, G: i
     of :func:`sim.engine.timing.timing_program`: dense messages of d values, sparse selections of exactly k entries,
     every merge keeping k), by the algorithm's :meth:`~sim.algorithms.Algorithm.fast_rounds` (data, interpreted by
     :meth:`FastCluster.run`). G: ranks per node for the hierarchical collectives. Raises ConfigError if ``spec.segments`` is set (layer-wise timing is done by
-    the iteration timeline, sim/engine/timeline.py) or the algorithm has no fast-engine form."""
+    the iteration timeline, sim/engine/timeline.py) or the algorithm has no timing-only form (fast_rounds)."""
     spec.require_whole_model("the fast engine (sim.engine.fastsim)")
     eng.run(spec.algorithm.fast_rounds(spec, eng.P, d, it, G), it)
 
