@@ -336,3 +336,27 @@ def test_layerwise_run_reports_the_k_it_selected_and_check_uses_it(tmp_path):
         assert {float(row["selected_per_worker"]) for row in csv.DictReader(fh) if int(row["iteration"]) >= 1} == {64.0}
     rep = check_run(out, write=False)
     assert any(n.startswith("gamma = 0.9:") for n in rep.notes)  # 1 - 1/10, not 1 - 6/640
+
+
+# ---------------------------------------------------------------- layer tables have the numerics runs' limits (#23 item 5)
+
+
+@pytest.mark.parametrize("cols, row, needle", [
+    ("forward_flops,backward_flops", "1e308,1", "forward_flops of layer 'fc' = 1e+308 is out of range: valid 0 <= forward_flops of layer 'fc' <= 1e+18"),
+    ("forward_flops,backward_flops", "1,2e18", "backward_flops of layer 'fc' = 2e+18 is out of range"),
+    ("forward_s,backward_s", "1e200,0.1", "forward_s of layer 'fc' = 1e+200 is out of range: valid 0 <= forward_s of layer 'fc' <= 3600"),
+])
+def test_layer_table_costs_have_limits(tmp_path, cols, row, needle):
+    from sim.base.errors import ConfigError
+    from sim.workloads import load_layer_table
+
+    head = "# measured_batch = 32\n" if "forward_s" in cols else ""
+    path = tmp_path / "t.csv"
+    path.write_text(f"{head}layer,tensor,numel,{cols}\nfc,fc.weight,100,{row}\n")
+    with pytest.raises(ConfigError) as e:
+        load_layer_table(path)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    # at the limit the table loads
+    ok = row.replace("1e308", "1e18").replace("2e18", "1e18").replace("1e200", "3600")
+    path.write_text(f"{head}layer,tensor,numel,{cols}\nfc,fc.weight,100,{ok}\n")
+    assert load_layer_table(path).d == 100

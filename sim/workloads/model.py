@@ -11,7 +11,7 @@ import numpy as np
 
 from sim.base.errors import ConfigError, check_int, check_real
 
-__all__ = ["ParamTensor", "LayerCost", "DeviceModel", "Workload"]
+__all__ = ["ParamTensor", "LayerCost", "DeviceModel", "Workload", "MAX_LAYER_S", "MAX_LAYER_FLOPS"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,15 @@ class ParamTensor:
 
     def __post_init__(self):
         check_int(f"numel of tensor {self.name!r}", self.numel, 1, 10**12, err=ConfigError)
+
+
+#: Upper limits of a layer's cost, where no real layer is larger (the numerics runs' limit on
+#: compute.forward_backward_s is the same hour): one hour of forward or backward per layer at the measured
+#: batch (s), and 1e18 FLOPs per sample (a GPT-3-sized layer is about 1e12). With them an iteration's compute
+#: stays far below float64's range, so communication is not rounded away next to it (issue: 1e308 FLOPs
+#: made every speed-up 1.00x and printed 300-digit cells).
+MAX_LAYER_S = 3600.0
+MAX_LAYER_FLOPS = 1e18
 
 
 @dataclass(frozen=True)
@@ -48,10 +57,10 @@ class LayerCost:
 
     def __post_init__(self):
         for f in ("forward_flops", "backward_flops"):
-            check_real(f"{f} of layer {self.name!r}", getattr(self, f), 0, err=ConfigError)
+            check_real(f"{f} of layer {self.name!r}", getattr(self, f), 0, MAX_LAYER_FLOPS, err=ConfigError)
         for f in ("forward_s", "backward_s"):
             if getattr(self, f) is not None:
-                check_real(f"{f} of layer {self.name!r}", getattr(self, f), 0, err=ConfigError)
+                check_real(f"{f} of layer {self.name!r}", getattr(self, f), 0, MAX_LAYER_S, err=ConfigError)
 
 
 @dataclass(frozen=True)
