@@ -308,7 +308,7 @@ def test_predict_refuses_a_message_level_simulation_too_large_for_memory():
 def test_summary_table_columns_never_run_together():
     """Every cell keeps a blank column on its left, also for large negative losses (a fresh user saw
     '1.624-37021.71045': sim time and final loss as one number)."""
-    from experiments.cli import _fixed
+    from experiments.run_summary import _fixed
 
     for x, width, prec in ((-37021.71045, 12, 5), (1.624, 11, 3), (123456.789, 11, 3), (-1e21, 12, 5), (0.29612, 12, 5)):
         cell = _fixed(x, width, prec)

@@ -1,0 +1,109 @@
+"""What ``sparsim run`` prints when a run is finished: a few lines read back from the run directory's summary.json.
+
+The numbers are those of summary.json (times in ms, losses and accuracies as recorded); nothing is recomputed.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["summary_lines"]
+
+
+def summary_lines(path: Path) -> Iterator[str]:
+    """The lines ``sparsim run`` prints after a run (without newlines): what was written to ``path`` (the run
+    directory), the resolved sizes and network, and one row per algorithm of its summary.json totals (times in
+    ms, simulated or measured). A workload run ([workload]) and a network run ([model]) get their own tables.
+    Raises OSError when summary.json cannot be read."""
+    s = json.loads((path / "summary.json").read_text())
+    r = s["resolved"]
+    if s.get("mode", "").startswith("workload"):
+        yield from _workload_lines(path, s)
+        return
+    yield (f"wrote {path}/ (metrics.csv, summary.json, figure.png, figure.pdf"
+           + (", trace.json" if (Path(path) / "trace.json").is_file() else "") + ")")
+    be = s.get("backend") or {"name": "sim"}
+    if be.get("name") == "torch":  # measured: the scenario's network model was not used
+        where = f"torch backend ({be.get('dist_backend')}, {be.get('nproc')} processes), measured wall times"
+        clock = "wall s"
+    else:
+        net = r["network"]
+        if "gpus_per_node" in net:
+            where = (f"cluster {net['name']} {net['nodes']} x {net['gpus_per_node']} ({net['intra']}, "
+                     f"{net['nics_per_node']} NIC/node): intra alpha = {net['intra_alpha_s']:.3g} s, "
+                     f"beta = {net['intra_beta_s_per_byte']:.3g} s/byte; inter alpha = {net['alpha_s']:.3g} s, "
+                     f"beta = {net['beta_s_per_byte']:.3g} s/byte")
+        else:
+            where = f"network alpha = {net['alpha_s']:.3g} s, beta = {net['beta_s_per_byte']:.3g} s/byte"
+        where += f"; engine {net.get('engine', 'message')}"
+        clock = "sim time s"
+    sel = (f"; {r['k_selected_per_worker']} selected per worker over {r['n_segments']} segments, k_b = min(d_b, "
+           f"max(1, round(k d_b / d))), c = {r['compression_ratio_c_selected']:.4g}") if "k_selected_per_worker" in r else ""
+    yield (f"P = {r['P']}, d = {r['d']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}{sel}), "
+           f"B = {r['global_batch_B']}, {where}")
+    if "workload" in r:  # a [model] run: a network on images, timed by its layer-wise timeline
+        yield from _net_lines(r, s)
+        return
+    yield (f"{'algorithm':<20}{'iter time ms':>13}{'compute':>9}{'compress':>9}{'comm':>9}"
+           f"{clock:>11}{'final loss':>12}{'||grad||^2':>12}{'max delta':>10}")
+    for name, t in s["totals"].items():
+        md = "" if t["max_delta"] is None else f"{t['max_delta']:.3f}"
+        yield (f"{name:<20}{_fixed(1e3 * t['mean_iter_time_s'], 13, 3)}{_fixed(1e3 * t['mean_compute_s'], 9, 3)}"
+               f"{_fixed(1e3 * t['mean_compress_s'], 9, 3)}{_fixed(1e3 * t['mean_comm_s'], 9, 3)}"
+               f"{_fixed(t['sim_time_s'], 11, 3)}{_fixed(t['final_loss'], 12, 5)}{t['final_grad_norm_sq']:>12.3e}{md:>10}")
+
+
+def _net_lines(r: dict, s: dict) -> Iterator[str]:
+    """The table of a [model] run: per algorithm the simulated iteration and its split, the simulated time of the
+    run, and the final train loss and test accuracy."""
+    w = r["workload"]
+    dev = w["device"]
+    yield (f"{w['name']}: d = {w['parameters']:,} parameters; forward {1e3 * w['forward_s']:.3g} ms + backward "
+           f"{1e3 * w['backward_s']:.3g} ms per iteration" + (f" on {dev['name']}" if dev else "")
+           + f"; data {r['data']['name']} ({r['data']['n_train']:,} train / {r['data']['n_test']:,} test images)")
+    yield (f"{'algorithm':<20}{'iter ms':>10}{'compute':>9}{'exposed':>9}{'select':>9}{'overlap':>8}{'iters':>7}"
+           f"{'sim time s':>11}{'train loss':>11}{'test acc':>9}{'max delta':>10}")
+    for name, t in s["totals"].items():
+        md = "" if t["max_delta"] is None else f"{t['max_delta']:.3f}"
+        exposed = t["mean_iter_time_s"] - t["mean_compute_s"]
+        overlap = 1 - exposed / (t["mean_comm_s"] + t["mean_compress_s"]) if t["mean_comm_s"] + t["mean_compress_s"] > 0 \
+            else 0.0
+        acc = t.get("final_test_accuracy")
+        yield (f"{name:<20}{_fixed(1e3 * t['mean_iter_time_s'], 10, 3)}{_fixed(1e3 * t['mean_compute_s'], 9, 3)}"
+               f"{_fixed(1e3 * exposed, 9, 3)}{_fixed(1e3 * t['mean_compress_s'], 9, 3)}"
+               f"{min(1.0, max(0.0, overlap)):>8.0%}{t['iterations']:>7}{_fixed(t['sim_time_s'], 11, 3)}"
+               f"{_fixed(t['final_loss'], 11, 4)}{'' if acc is None else f'{acc:.4f}':>9}{md:>10}")
+
+
+def _fixed(x: float, width: int, prec: int) -> str:
+    """``x`` right-aligned in ``width`` columns with ``prec`` decimals, or in exponent notation when the
+    fixed form would not leave a blank column before it (a huge loss or time is shown as 1.234e+21, not as 22
+    digits, and -37021.71045 in 12 columns as -3.702e+04, not run together with the column on its left)."""
+    text = f"{x:.{prec}f}"
+    return f"{text:>{width}}" if len(text) < width else f"{x:>{width}.{max(prec - 2, 2)}e}"
+
+
+def _workload_lines(path: Path, s: dict) -> Iterator[str]:
+    """The table of a workload run: the model and its compute per iteration, the network and policies, and per
+    algorithm the mean iteration and its split (ms), the overlap and the speedup over dense."""
+    r, w = s["resolved"], s["resolved"]["workload"]
+    files = "metrics.csv, summary.json, " + ("trace.json, " if (path / "trace.json").exists() else "") + "figure.png, figure.pdf"
+    yield f"wrote {path}/ ({files})"
+    dev = w["device"]
+    yield (f"{w['name']}: d = {w['parameters']:,} parameters in {w['tensors']} tensors, {w['layers']} layers; "
+           f"forward {1e3 * w['forward_s']:.2f} ms + backward {1e3 * w['backward_s']:.2f} ms per iteration"
+           + (f" on {dev['name']} ({dev['peak_flops'] / 1e12:g} TFLOP/s x {dev['efficiency']:g})" if dev else " (measured)"))
+    pol = r["policy"]
+    net = r["network"]
+    yield (f"P = {r['P']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}), network {s['scenario']['cluster']['network']}: "
+           f"alpha = {net['alpha_s']:.3g} s, beta = {net['beta_s_per_byte']:.3g} s/byte; dense policy "
+           f"{pol['dense']}, sparse policy {pol['sparse']}")
+    yield (f"{'algorithm':<18}{'iter ms':>10}{'compute':>10}{'exposed':>10}{'comm':>10}{'select':>9}{'overlap':>9}"
+           f"{'speedup':>9}{'ops':>6}   (ms per iteration, means; comm = sum of collectives)")
+    for name, t in s["totals"].items():
+        sp = t.get("speedup_over_dense")
+        yield (f"{name:<18}{1e3 * t['mean_iter_time_s']:>10.2f}{1e3 * t['mean_compute_s']:>10.2f}"
+               f"{1e3 * t['mean_exposed_comm_s']:>10.2f}{1e3 * t['mean_comm_s']:>10.2f}"
+               f"{1e3 * t['mean_compress_s']:>9.2f}{t['mean_overlap_ratio']:>9.0%}"
+               f"{'' if sp is None else f'{sp:.2f}x':>9}{t['communication_ops'] or '':>6}")
