@@ -24,7 +24,7 @@ import datetime
 
 import numpy as np
 
-__all__ = ["ALL_PATTERNS", "allreduce_job", "calibrate", "fit_ring_allreduce", "message_sizes"]
+__all__ = ["ALL_PATTERNS", "allreduce_job", "calibrate", "calibrate_to_file", "fit_ring_allreduce", "message_sizes"]
 
 #: every ``pattern`` of :func:`calibrate`: the point-to-point ones (:data:`sim.distributed.backend.PATTERNS`),
 #: then "allreduce"
@@ -227,3 +227,29 @@ def calibrate(nproc: int = 2, min_bytes: int = 1, max_bytes: int = 1 << 24, repe
         "",
     ]
     return "\n".join(lines), fit
+
+
+def calibrate_to_file(out, *, force: bool = False, nproc: int = 2, min_bytes: int = 1, max_bytes: int = 1 << 24,
+                      repeats: int = 20, timeout_s: float = 60.0, pattern: str = "exchange",
+                      busy_s: float = 0.0) -> str:
+    """``sparsim calibrate``: :func:`calibrate` with these settings, its TOML text written to the file ``out``;
+    returns the text. The file name is checked before the measurement (which takes a while): SparsimError when
+    ``out`` is a directory, exists (unless ``force``) or its directory does not exist; SparsimError too when it
+    cannot be written, and whatever :func:`calibrate` raises."""
+    from pathlib import Path
+
+    from sim.base.errors import SparsimError
+
+    p = Path(out)
+    if p.is_dir():
+        raise SparsimError(f"--out {str(p)!r} is a directory: name the TOML file to write")
+    if p.exists() and not force:
+        raise SparsimError(f"{str(p)!r} exists: choose another --out or pass --force")
+    if not p.parent.is_dir():  # checked before the measurement, not after it
+        raise SparsimError(f"--out {str(p)!r}: the directory {str(p.parent)!r} does not exist")
+    text, _fit = calibrate(nproc, min_bytes, max_bytes, repeats, timeout_s, pattern, busy_s)
+    try:
+        p.write_text(text)
+    except OSError as err:
+        raise SparsimError(f"cannot write {str(p)!r}: {err.strerror}") from None
+    return text

@@ -184,16 +184,10 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, n
 def algorithms_cmd():
     """The registered algorithms (sim/algorithms/, one file each): name, k or not, collectives (the first is the
     default), options ([algorithm.NAME] in a scenario) and source."""
-    from sim.algorithms import REGISTRY
+    from .listings import algorithm_table
 
-    click.echo("| algorithm | sparse (k) | collectives | options ([algorithm.NAME]) | what | source |")
-    click.echo("|---|---|---|---|---|---|")
-    for name, algo in REGISTRY.items():
-        names = name + "".join(f", {a}" for a in algo.aliases)
-        opts = "; ".join(f"`{k}` = {o.default!r} ({o.help})" for k, o in algo.options.items()) or "-"
-        cells = [f"`{names}`", "yes" if algo.sparse else "no", ", ".join(algo.collectives), opts, algo.summary,
-                 algo.source]
-        click.echo("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")  # a | in a cell is escaped
+    for line in algorithm_table():
+        click.echo(line)
 
 
 @main.command()
@@ -234,11 +228,9 @@ def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, pattern, bus
     all_reduce of float32 tensors on all --nproc ranks instead and fits the star network on which the
     simulator's ring allreduce takes those times (for DDP's dense buckets).
     """
-    from pathlib import Path
-
     from sim.base.errors import check_range
 
-    from .calibrate import calibrate as run_calibration
+    from .calibrate import calibrate_to_file
     from .torch_job import check_torch
 
     check_torch("sparsim calibrate")  # one line, not a traceback, without the torch extra
@@ -248,20 +240,10 @@ def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, pattern, bus
     check_range("--repeats", repeats, 1, 10_000)
     check_range("--timeout", timeout_s, 0, 86_400, lo_open=True)
     check_range("--busy-s", busy_s, 0, 10)
-    p = Path(out)
-    if p.is_dir():
-        raise SparsimError(f"--out {str(p)!r} is a directory: name the TOML file to write")
-    if p.exists() and not force:
-        raise SparsimError(f"{str(p)!r} exists: choose another --out or pass --force")
-    if not p.parent.is_dir():  # checked before the measurement, not after it
-        raise SparsimError(f"--out {str(p)!r}: the directory {str(p.parent)!r} does not exist")
-    text, fit = run_calibration(nproc, min_bytes, max_bytes, repeats, timeout_s, pattern, busy_s)
-    try:
-        p.write_text(text)
-    except OSError as err:
-        raise SparsimError(f"cannot write {str(p)!r}: {err.strerror}") from None
+    text = calibrate_to_file(out, force=force, nproc=nproc, min_bytes=min_bytes, max_bytes=max_bytes, repeats=repeats,
+                             timeout_s=timeout_s, pattern=pattern, busy_s=busy_s)
     click.echo(text, nl=False)
-    click.echo(f"wrote {p}")
+    click.echo(f"wrote {Path(out)}")
 
 
 @main.group()
@@ -280,17 +262,11 @@ def scenario_show():
 @scenario.command("keys")
 def scenario_keys_cmd():
     """Print every scenario key with type, default and meaning (Markdown table)."""
-    from .scenario import scenario_keys
+    from .listings import scenario_keys_table
 
-    click.echo("| key | type | default | valid | meaning (unit) |\n|---|---|---|---|---|")
-    for key, typ, default, valid, desc in scenario_keys():
-        shown = "unset" if default is None else f"`{default:g}`" if isinstance(default, float) else f"`{default}`"
-        click.echo(f"| `{key}` | {typ} | {shown} | {valid} | {desc} |")
+    for line in scenario_keys_table():
+        click.echo(line)
 
-
-#: Largest P predict simulates message by message (beyond it a ring's events exhaust memory; the fast engine
-#: gives the same times).
-MESSAGE_ENGINE_MAX_P = 4096
 
 @main.command()
 @click.option("--P", "P", default=None,
@@ -317,136 +293,11 @@ MESSAGE_ENGINE_MAX_P = 4096
 def predict(P, d, density, network, simulate, engine, collectives, alpha_s, bandwidth_Bps, calibration):
     """Communication time per iteration of each collective: closed form (ms), and with --simulate the
     simulated time (s) next to it, on a flat network or a hierarchical cluster preset."""
-    import time
+    from .predict import predict_lines
 
-    from sim.algorithms import REGISTRY, AlgorithmSpec, predict_columns, predict_default_columns
-    from sim.base.errors import check_range
-    from sim.machine.network import PRESETS, NetworkSpec, get_preset
-    from sim.engine.timing import closed_form_comm_s, resolve_engine, simulate_timing
-    from sim.machine.topology import CLUSTER_PRESETS, get_cluster_preset
-
-    check_range("d", d, 1, 10**12)
-    check_range("density", density, 0, 1, lo_open=True)
-    if engine is not None and not simulate:
-        raise SparsimError(f"--engine {engine} chooses the engine of --simulate: valid only with --simulate")
-    engine = engine or "auto"
-    if P is None:
-        G = CLUSTER_PRESETS[network].gpus_per_node if network in CLUSTER_PRESETS else 1
-        P = ",".join(str(G * m) for m in ((1, 2, 4, 8, 16, 32) if G > 1 else (4, 8, 16, 32, 64, 128)))
-    try:
-        Ps = [int(x) for x in P.split(",")]
-    except ValueError:
-        raise SparsimError(f"--P {P!r}: expected comma-separated integers 1 <= P <= 65536") from None
-    for p in Ps:
-        check_range("P", p, 1, 65536)
-    custom = None
-    if alpha_s is not None or bandwidth_Bps is not None or calibration is not None:
-        if network != "1GbE":
-            raise SparsimError(f"--network {network} and --alpha-s / --bandwidth-Bps / --calibration each name the "
-                               "network: give one of them")
-        if calibration is not None:
-            if alpha_s is not None or bandwidth_Bps is not None:
-                raise SparsimError("--calibration and --alpha-s / --bandwidth-Bps each name the network: give one")
-            from .resolve import build_network
-            from .scenario import load_scenario
-
-            cal = load_scenario(calibration)
-            if "cluster" not in cal.model_fields_set:  # the schema's default [cluster] is 1 GbE, not a calibration
-                raise SparsimError(f"--calibration {calibration}: the file has no [cluster] table: valid a scenario or "
-                                   "`sparsim calibrate` output with [cluster] network = 'custom', alpha_s, bandwidth_Bps")
-            custom = build_network(cal.cluster, timing_only=True)
-            if not hasattr(custom, "end_to_end_alpha_beta"):
-                raise SparsimError(f"--calibration {calibration}: its [cluster] is hierarchical; predict takes a "
-                                   "flat network there (use --network with a cluster preset)")
-            network = f"calibration {calibration}"
-        else:
-            if alpha_s is None or bandwidth_Bps is None:
-                raise SparsimError("--alpha-s and --bandwidth-Bps go together: give both")
-            check_range("--alpha-s", alpha_s, 0, 10)
-            check_range("--bandwidth-Bps", bandwidth_Bps, 1, 1e15)
-            custom = NetworkSpec.from_alpha_beta(alpha_s, 1.0 / bandwidth_Bps, "star", 0.0)
-            network = "custom"
-    hier = network in CLUSTER_PRESETS
-    if custom is None and not hier and network not in PRESETS:
-        raise SparsimError(f"--network {network!r} is unknown: valid {', '.join(PRESETS)}, {', '.join(CLUSTER_PRESETS)}")
-    clusters = {p: get_cluster_preset(network, p) for p in Ps} if hier else {}
-    flat_net = custom if custom is not None else (None if hier else get_preset(network))
-    known = predict_columns(True)
-    cols = predict_default_columns(hier) if collectives is None else [
-        c.strip() for c in collectives.split(",") if c.strip()]
-    if not cols:
-        raise SparsimError(f"--collectives {collectives!r} names none: valid a comma-separated subset of "
-                           f"{', '.join(known)} or ALGORITHM[:COLLECTIVE]")
-    runs = {}
-    for c in cols:
-        if c in known:
-            runs[c] = known[c]
-        else:
-            name, _, coll = c.partition(":")
-            if name not in REGISTRY:
-                raise SparsimError(f"--collectives: {c!r} is unknown: valid {', '.join(known)} or ALGORITHM[:COLLECTIVE] "
-                                   f"with ALGORITHM one of {', '.join(REGISTRY)}")
-            algo = REGISTRY[name]
-            coll = coll or algo.collectives[0]
-            if coll not in algo.collectives or coll == "backend_allreduce":
-                valid = [x for x in algo.collectives if x != "backend_allreduce"]
-                raise SparsimError(f"--collectives: {c!r}: collective {coll!r} is not one of {name}'s: valid "
-                                   f"{', '.join(valid)}")
-            runs[c] = (name, coll)
-        if runs[c][1] == "hierarchical" and not hier:
-            raise SparsimError(f"--collectives: {c} needs a cluster preset (--network {', '.join(CLUSTER_PRESETS)})")
-    k = max(1, round(density * d))
-    if hier:
-        c0 = clusters[Ps[0]]
-        (ai, bi), (ae, be) = c0.intra_alpha_beta(), c0.inter_alpha_beta()
-        click.echo(f"{network}: {c0.gpus_per_node} GPUs per node ({c0.intra}), {c0.nics_per_node} NIC(s) per node; "
-                   f"intra alpha = {ai:.3g} s, beta = {bi:.3g} s/byte; inter alpha = {ae:.3g} s, beta = {be:.3g} s/byte")
-        click.echo("closed forms of the flat collectives use the inter-node alpha and beta for every message")
-        alpha, beta = ae, be
-    else:
-        alpha, beta = flat_net.end_to_end_alpha_beta()
-        click.echo(f"d = {d}, k = {k}, alpha = {alpha:.3g} s, beta = {beta:.3g} s/byte" +
-                   ("" if simulate else "; times in ms"))
-
-    def spec_of(c, p):
-        alg, coll = runs[c]
-        G = clusters[p].gpus_per_node if hier else 1
-        return AlgorithmSpec(alg, k=k if REGISTRY[alg].sparse else None, collective=coll, gpus_per_node=G)
-
-    if not simulate:
-        if hier:
-            click.echo(f"d = {d}, k = {k}; times in ms")
-        w = max(20, max(len(c) for c in cols) + 2)
-        click.echo(f"{'P':>6}" + "".join(f"{c:>{w}}" for c in cols))
-        for p in Ps:
-            cl = clusters.get(p)
-            click.echo(f"{p:>6}" + "".join(f"{1e3 * closed_form_comm_s(spec_of(c, p), p, d, alpha, beta, cl):>{w}.3f}"
-                                           for c in cols))
-        return
-    net = flat_net
-    if resolve_engine(engine, clusters.get(Ps[0], net)) == "message" and max(Ps) > MESSAGE_ENGINE_MAX_P:
-        raise SparsimError(f"--P {max(Ps)} with the message-level engine (every message an event; a ring at that P "
-                           f"holds tens of GB of events): valid P <= {MESSAGE_ENGINE_MAX_P} with --engine message, "
-                           "or --engine auto / fast (the same times)")
-    if resolve_engine(engine, clusters.get(Ps[0], net)) == "message" and max(Ps) > 256:
-        import logging
-
-        logging.getLogger("sparsim.predict").warning(
-            f"the message-level engine moves every message as an event; at P = {max(Ps)} a collective can take "
-            "minutes (engine auto or fast gives the same times in seconds)")
-    click.echo(f"d = {d}, k = {k}; simulated and closed-form communication time per iteration in s, "
-               f"wall = seconds this machine took to simulate it (engine {engine})")
-    w = max(20, max(len(c) for c in cols) + 2)
-    click.echo(f"{'P':>6}  {'collective':<{w}}{'simulated s':>14}{'closed form s':>15}{'sim/closed':>12}{'wall s':>9}")
-    for p in Ps:
-        for c in cols:
-            spec = spec_of(c, p)
-            t0 = time.perf_counter()
-            sim_s = float(simulate_timing(spec, p, d, network=clusters.get(p, net), engine=engine).iter_s[0])
-            wall = time.perf_counter() - t0
-            cf = closed_form_comm_s(spec, p, d, alpha, beta, clusters.get(p))
-            ratio = f"{sim_s / cf:.4f}" if cf > 0 else "-"  # P = 1: nothing to send
-            click.echo(f"{p:>6}  {c:<{w}}{sim_s:>14.6g}{cf:>15.6g}{ratio:>12}{wall:>9.3f}")
+    for line in predict_lines(P, d, density, network, simulate, engine, collectives, alpha_s, bandwidth_Bps,
+                              calibration):
+        click.echo(line)
 
 
 @main.group()
@@ -454,28 +305,14 @@ def workload():
     """Real models for the layer-wise timeline: the zoo, layer tables, DDP's buckets."""
 
 
-def _workload_of(name):
-    from pathlib import Path
-
-    from sim.workloads import ZOO_MODELS, get_model, load_layer_table
-
-    if name in ZOO_MODELS or not Path(name).suffix:
-        return get_model(name)
-    return load_layer_table(name)
-
-
 @workload.command("list")
 @_user_errors
 def workload_list():
     """The zoo: parameters, tensors, layers and FLOPs per sample of each model."""
-    from sim.workloads import ZOO, ZOO_MODELS, get_model
+    from .listings import zoo_table
 
-    click.echo(f"{'model':<16}{'parameters':>14}{'tensors':>9}{'layers':>8}{'fwd GFLOPs':>12}{'bwd GFLOPs':>12}  sample")
-    for name in ZOO_MODELS:
-        w = get_model(name)
-        f = sum(l.forward_flops for l in w.layers) / 1e9
-        b = sum(l.backward_flops for l in w.layers) / 1e9
-        click.echo(f"{name:<16}{w.d:>14,}{len(w.tensors):>9}{len(w.layers):>8}{f:>12.4g}{b:>12.4g}  {ZOO[name].input}")
+    for line in zoo_table():
+        click.echo(line)
 
 
 @workload.command("show")
@@ -487,38 +324,15 @@ def workload_list():
 @_user_errors
 def workload_show(model, bucket_cap_mb, export, force):
     """MODEL (a zoo name or a layer-table file): its size and the buckets DDP would build (launch order)."""
-    from pathlib import Path
-
-    from sim.engine.timeline import TimelinePolicy, ddp_buckets
-    from sim.workloads import dumps_layer_table
-
-    from .outdir import atomic_write_text
+    from .listings import bucket_lines, check_export, export_layer_table, workload_of
 
     if export:  # checked before anything is printed
-        ep = Path(export)
-        if ep.suffix.lower() not in (".csv", ".toml"):
-            raise SparsimError(f"--export {export!r}: valid a .csv or .toml file name")
-        if not ep.parent.is_dir():
-            raise SparsimError(f"--export {export!r}: the directory {str(ep.parent)!r} does not exist")
-        if ep.exists() and not force:
-            raise SparsimError(f"--export {export!r} exists: choose another name or pass --force")
-    w = _workload_of(model)
-    pol = TimelinePolicy(bucket_cap_mb=bucket_cap_mb)
-    bs = ddp_buckets(w, pol)
-    first, cap = pol.bucket_limits_bytes()
-    click.echo(f"{w.name}: d = {w.d:,} parameters, {len(w.tensors)} tensors, {len(w.layers)} layers"
-               + (f", input {w.input}" if w.input else "") + (f"; {w.source}" if w.source else ""))
-    click.echo(f"DDP buckets (first cap {first / 2**20:g} MiB, cap {cap / 2**20:g} MiB, float32), in launch order:")
-    for i, b in enumerate(bs):
-        names = [w.tensors[j].name for j in b.tensors]
-        span = names[0] if len(names) == 1 else f"{names[0]} ... {names[-1]}"
-        click.echo(f"  {i:>3}  {b.numel:>12,} elements  {4 * b.numel / 2**20:>9.2f} MiB  {len(names):>4} tensors  {span}")
+        check_export(export, force)
+    w = workload_of(model)
+    for line in bucket_lines(w, bucket_cap_mb):
+        click.echo(line)
     if export:
-        text = dumps_layer_table(w, Path(export).suffix.lower().lstrip("."))
-        try:
-            atomic_write_text(Path(export), text)  # complete or absent, never half written
-        except OSError as err:
-            raise SparsimError(f"cannot write --export {export!r}: {err.strerror}") from None
+        export_layer_table(w, export)
         click.echo(f"wrote {export}")
 
 
