@@ -136,7 +136,7 @@ def test_limits_stay_in_the_readme_key_table():
     assert rows["compute.forward_backward_s"] == "0 <= forward_backward_s <= 3600"
     assert rows["cluster.bandwidth_Bps"].startswith("1 <= bandwidth_Bps")
     assert rows["cluster.quantum_s"] == "0 <= quantum_s <= 1e-06"
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "scenarios.md").read_text()
     for key in ("compute.forward_backward_s", "compute.straggler_factor", "cluster.quantum_s", "data.lam"):
         assert f"| `{key}` |" in readme and rows[key] in readme
 
