@@ -44,127 +44,36 @@ cases on the 4-GPU-node cluster, flat and hierarchical collectives), ``hierarchy
 errors), ``crossover.csv`` (:data:`CROSSOVER_COLUMNS`), ``breakdown.csv`` (published per-iteration breakdown
 at P = 32 vs the model), ``overlap.csv`` (:data:`OVERLAP_COLUMNS`), ``scaling.png`` / ``.pdf``,
 ``hierarchy.png`` / ``.pdf`` and ``report.md`` (the Markdown tables, also printed).
+
+The study in three modules: :mod:`experiments.scaling_data` (the published numbers), :mod:`experiments.scaling_model`
+(the simulated cases) and this one (the plan, the comparisons, the report and figures, ``run_scaling``).
 """
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
-from sim.algorithms import AlgorithmSpec, get
-from sim.machine.compute import ComputeModel
-from sim.comm.costs import ring_allreduce_time, topk_allgather_time
-from sim.base.errors import SparsimError
-from sim.machine.network import get_preset
+from sim.algorithms import get
 from sim.machine.topology import get_cluster_preset
-from sim.workloads.model import Workload
 
 from .outdir import check_out, partial_dir, publish, save_figure, write_csv
-from .sweep import map_jobs
+from .scaling_data import CLUSTER, DENSITY, MAIN_VARIANTS, MODELS, NETWORK, PUBLISHED_P, SELECT_COEFF_S, VARIANTS
+from .scaling_model import (CLUSTER_COLUMNS, CLUSTER_VARIANTS, CROSSOVER_COLUMNS, CROSSOVER_P_MAX, OVERLAP_CASES,
+                            OVERLAP_COLUMNS, OVERLAP_NETWORKS, SCALING_COLUMNS, backward_share, crossover_rows,
+                            icdcs_workload, network_alpha_beta, overlap_k, rel_error, simulate_case,
+                            simulate_cluster_case, simulate_overlap_case, successor_variants)
+from .sweep import map_jobs, resolve_jobs
 
-__all__ = ["ModelSpec", "MODELS", "VARIANTS", "HIER_VARIANTS", "ScalingPlan", "plan", "variant_spec",
-           "simulate_case", "simulate_cluster_case", "crossover_closed_form", "crossover_simulated", "crossover_rows",
-           "hierarchy_rows", "hierarchy_summary", "run_scaling", "SCALING_COLUMNS", "CLUSTER_COLUMNS",
-           "HIERARCHY_COLUMNS", "RATIO_COLUMNS", "CROSSOVER_COLUMNS", "NETWORK", "CLUSTER", "DENSITY",
-           "SELECT_COEFF_S", "PUBLISHED_P", "SIM_P_MAX", "ZOO_NAMES", "OVERLAP_NETWORKS", "OVERLAP_CASES",
-           "OVERLAP_COLUMNS", "icdcs_workload", "overlap_k", "simulate_overlap_case", "overlap_summary",
-           "overlap_markdown"]
+__all__ = ["ScalingPlan", "plan", "SIM_P_MAX", "RATIO_COLUMNS", "HIERARCHY_COLUMNS", "ratio_rows", "breakdown_rows",
+           "hierarchy_rows", "hierarchy_summary", "overlap_summary", "overlap_markdown", "successors_markdown",
+           "markdown_report", "run_scaling"]
 
-NETWORK = "1GbE"
-#: The hierarchical model of the published runs: the gTop-k authors' cluster (sim.machine.topology preset).
-CLUSTER = "gtopk-icdcs"
-DENSITY = 0.001
-#: Top-k selection time fit on the ICDCS GPU (P102-100): t = c x log2 x seconds (docs/costs.md).
-SELECT_COEFF_S = 2.19e-10
-#: P of the published efficiency arrays.
-PUBLISHED_P = (4, 8, 16, 32)
-#: Largest P searched by the closed-form crossover.
-CROSSOVER_P_MAX = 65536
 #: Largest P simulated (scaling sweep and simulated crossover search of the full run).
 SIM_P_MAX = 16384
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One ICDCS model: parameters d, per-worker batch, single-GPU samples/s and the published numbers.
-
-    published: {"dense" | "topk" | "gtopk": scaling efficiencies in % at P = 4, 8, 16, 32}.
-    headline: (gTop-k over dense, gTop-k over Top-k) scaling-efficiency ratios at P = 32 (paper text).
-    breakdown: (batch, compute s, compression s, communication s) per iteration at P = 32, or None.
-    Source: the released ICDCS 2019 scripts and paper, as transcribed in docs/costs.md.
-    """
-
-    name: str
-    d: int
-    batch: int
-    samples_per_s: float
-    published: dict
-    headline: tuple[float, float]
-    breakdown: tuple[int, float, float, float] | None = None
-
-    @property
-    def k(self) -> int:
-        """k = round(DENSITY * d) (>= 1)."""
-        return max(1, round(DENSITY * self.d))
-
-    def compute_s(self, batch: int | None = None) -> float:
-        """Forward + backward seconds per iteration at ``batch`` (default: the model's batch) = batch / throughput."""
-        return (self.batch if batch is None else batch) / self.samples_per_s
-
-
-MODELS: dict[str, ModelSpec] = {m.name: m for m in (
-    ModelSpec("ResNet-20", 270_000, 32, 920.6,
-              {"dense": (89.3, 76.6, 56.5, 31.3), "topk": (98.7, 81.8, 80.1, 75.6), "gtopk": (99.5, 94.4, 87.8, 85.7)},  # algorithms: the paper's published series
-              (2.74, 1.13), (128, 0.1460, 0.0016, 0.0247)),
-    ModelSpec("VGG-16", 14_700_000, 128, 1317.3,
-              {"dense": (7.9, 7.0, 3.0, 1.0), "topk": (8.4, 8.3, 7.4, 4.8), "gtopk": (9.9, 9.9, 9.6, 9.4)},  # algorithms: the paper's published series
-              (9.78, 1.96), (128, 0.1395, 0.0914, 0.8118)),
-    ModelSpec("AlexNet", 61_000_000, 32, 173.5,
-              {"dense": (8.1, 7.0, 2.8, 0.7), "topk": (8.2, 8.0, 7.7, 5.3), "gtopk": (9.5, 9.5, 9.4, 9.1)},  # algorithms: the paper's published series
-              (12.79, 1.71), (64, 0.2572, 0.3838, 3.3630)),
-    ModelSpec("ResNet-50", 25_600_000, 32, 52.9,
-              {"dense": (73.8, 70.0, 43.8, 20.3), "topk": (71.4, 67.5, 65.2, 57.8), "gtopk": (75.3, 75.1, 73.9, 74.0)},  # algorithms: the paper's published series
-              (3.65, 1.28)),
-)}
-
-#: Simulated variants: name -> (algorithm, collective, mask, value_bytes, index_bytes).
-# algorithms: the ICDCS 2019 paper's three variants and the released code's gTop-k
-VARIANTS = {
-    "dense": ("dense", "ring", "exact", 4, 0),
-    "topk": ("topk", "allgather", "exact", 4, 4),
-    "gtopk": ("gtopk", "tree", "exact", 4, 4),
-    "gtopk_released": ("gtopk", "tree", "reference", 8, 8),
-}
-MAIN_VARIANTS = ("dense", "topk", "gtopk")  # algorithms: the paper's three series
-#: Hierarchical collectives (on :data:`CLUSTER` only): name -> (algorithm, collective, mask, value_bytes,
-#: index_bytes); ``gpus_per_node`` comes from the cluster. ``<alg>_hier`` is the hierarchy-aware counterpart of
-#: ``<alg>``: dense = intra-node reduce-scatter, inter-node ring per local rank, intra-node allgather;
-#: topk = intra-node gather, inter-node Bruck allgather of node blocks, intra-node broadcast; gtopk =
-#: intra-node tree reduce, inter-node recursive doubling, intra-node broadcast (:mod:`sim.comm.collectives`).
-HIER_VARIANTS = {
-    "dense_hier": ("dense", "hierarchical", "exact", 4, 0),
-    "topk_hier": ("topk", "hierarchical", "exact", 4, 4),
-    "gtopk_hier": ("gtopk", "hierarchical", "exact", 4, 4),
-}
-#: Variants simulated on :data:`CLUSTER`: the released code's flat algorithms, then the hierarchical ones.
-CLUSTER_VARIANTS = MAIN_VARIANTS + tuple(HIER_VARIANTS)
-
-SCALING_COLUMNS = ("model", "variant", "algorithm", "collective", "mask", "element_bytes", "d", "k", "batch", "P",
-                   "iterations", "t_iter_s", "t_compute_s", "t_select_s", "t_comm_s", "comm_closed_form_s",
-                   "comm_rel_diff", "efficiency_pct", "per_worker_samples_per_s", "messages", "bytes")
+#: ``ratios.csv`` (:func:`ratio_rows`): published vs simulated efficiencies (%) and headline ratios.
 RATIO_COLUMNS = ("kind", "model", "quantity", "P", "published", "simulated", "rel_error")
-CROSSOVER_COLUMNS = ("model", "d", "density", "k", "crossover_closed_form", "crossover_simulated", "agree",
-                     "sim_p_max", "sim_evaluated_P", "crossover_iter_closed_form", "note")
-#: ``cluster.csv``: :data:`SCALING_COLUMNS` plus the cluster (preset name, nodes, GPUs per node). Its
-#: comm_closed_form_s is the sim.comm.costs closed form: for the flat algorithms inside one node (P <= G, intra-node
-#: alpha and beta, exact there) and for the hierarchical collectives (:func:`sim.engine.timing.closed_form_comm_s`
-#: with the cluster: intra- and inter-node alpha and beta; for the dense allreduce with GPUs sharing a NIC a
-#: bound, so comm_rel_diff shows how far the simulated queueing on the NIC is from it); empty for the flat
-#: algorithms across nodes (no closed form models their NIC queueing).
-CLUSTER_COLUMNS = SCALING_COLUMNS + ("cluster", "nodes", "gpus_per_node")
 #: ``hierarchy.csv``, one row per (model, P, algorithm): published efficiency (%, empty beyond P = 32), the
 #: flat model's (scaling.csv) and the 4-GPU-node model's (cluster.csv, the released flat algorithm) with
 #: relative errors (simulated - published) / published, the hierarchical collective's efficiency on the same
@@ -215,324 +124,6 @@ def plan(quick: bool = False) -> ScalingPlan:
     return ScalingPlan(tuple(MODELS), Ps, tuple(VARIANTS), (0.001, 0.01), SIM_P_MAX)
 
 
-def variant_spec(variant: str, k: int, gpus_per_node: int = 1) -> AlgorithmSpec:
-    """The :class:`AlgorithmSpec` of a :data:`VARIANTS` or :data:`HIER_VARIANTS` name with k selected
-    elements per worker; ``gpus_per_node`` (G) is set on the hierarchical ones. Raises SparsimError for an
-    unknown name (listing the valid ones)."""
-    try:
-        alg, coll, mask, vb, ib = {**VARIANTS, **HIER_VARIANTS}[variant]
-    except KeyError:
-        if variant not in successor_variants():
-            raise SparsimError(f"variant = {variant!r} is unknown: valid "
-                               f"{', '.join([*VARIANTS, *HIER_VARIANTS, *successor_variants()])}") from None
-        algo = get(variant)  # a successor: its default collective and options, fp32 values and int32 indices
-        alg, coll, mask, vb, ib = variant, algo.collectives[0], "exact", 4, 4
-    G = gpus_per_node if coll == "hierarchical" else 1
-    if not get(alg).sparse:
-        return AlgorithmSpec(alg, collective=coll, value_bytes=vb, gpus_per_node=G)
-    return AlgorithmSpec(alg, k=k, collective=coll, mask=mask, value_bytes=vb, index_bytes=ib, gpus_per_node=G)
-
-
-def successor_variants() -> tuple[str, ...]:
-    """The registered algorithms the paper did not have (every one not used by :data:`VARIANTS`), simulated as
-    variants of their own name at their default collective and options on the paper's testbed (successors.csv)."""
-    from sim.algorithms import REGISTRY
-
-    used = {v[0] for v in VARIANTS.values()}
-    return tuple(n for n in REGISTRY if n not in used)
-
-
-def _alpha_beta():
-    return get_preset(NETWORK).end_to_end_alpha_beta()
-
-
-def _simulate_row(model: str, variant: str, spec: AlgorithmSpec, P: int, network, iterations: int) -> dict:
-    """Simulate ``spec`` for ``model`` on ``network`` (timing-only, engine auto) and return the row fields both
-    tables share (:data:`SCALING_COLUMNS` without the closed form): times in s, efficiency in %."""
-    from sim.engine.timing import simulate_timing
-
-    m = MODELS[model]
-    fb = m.compute_s()
-    cm = ComputeModel(forward_backward_s=fb, select_coeff_s=SELECT_COEFF_S)
-    res = simulate_timing(spec, P, m.d, network=network, compute=cm, batch_size=m.batch, iterations=iterations,
-                          engine="auto")
-    t_iter = float(res.iter_s.mean())
-    return {"model": model, "variant": variant, "algorithm": spec.name, "collective": spec.collective,
-            "mask": spec.mask if spec.algorithm.uses_mask else "",
-            "element_bytes": spec.value_bytes + (spec.index_bytes if spec.algorithm.sparse else 0),
-            "d": m.d, "k": m.k if spec.algorithm.sparse else m.d, "batch": m.batch, "P": P, "iterations": iterations,
-            "t_iter_s": t_iter, "t_compute_s": res.compute_s, "t_select_s": res.compress_s,
-            "t_comm_s": t_iter - res.compute_s - res.compress_s,
-            "efficiency_pct": 100.0 * fb / t_iter, "per_worker_samples_per_s": m.batch / t_iter,
-            "messages": res.messages, "bytes": res.bytes}
-
-
-def _with_closed_form(row: dict, cf: float | None) -> dict:
-    """``row`` plus comm_closed_form_s (s) and comm_rel_diff = (t_comm - closed form) / closed form."""
-    return {**row, "comm_closed_form_s": cf, "comm_rel_diff": None if not cf else (row["t_comm_s"] - cf) / cf}
-
-
-def simulate_case(model: str, variant: str, P: int, iterations: int = 1) -> dict:
-    """Simulate one (model, variant, P) in timing-only mode; return its :data:`SCALING_COLUMNS` row.
-
-    t_iter_s: simulated synchronous iteration time (s, mean over iterations; they are identical: the
-    model is deterministic); t_compute_s = batch / throughput; t_select_s = 2.19e-10 d log2 d (sparse);
-    t_comm_s = t_iter - t_compute - t_select (critical-path communication), compared with the sim.comm.costs
-    closed form (comm_rel_diff). efficiency_pct = 100 t_compute / t_iter.
-    """
-    from sim.engine.timing import closed_form_comm_s
-
-    m = MODELS[model]
-    spec = variant_spec(variant, m.k)
-    row = _simulate_row(model, variant, spec, P, get_preset(NETWORK), iterations)
-    out = _with_closed_form(row, closed_form_comm_s(spec, P, m.d, *_alpha_beta()))
-    out["comm_rel_diff"] = out["comm_rel_diff"] or 0.0
-    return out
-
-
-def simulate_cluster_case(model: str, variant: str, P: int, iterations: int = 1, cluster: str = CLUSTER) -> dict:
-    """Simulate one (model, variant, P) on the ``cluster`` preset with P ranks; return its :data:`CLUSTER_COLUMNS` row.
-
-    variant: one of :data:`CLUSTER_VARIANTS` (flat algorithms running over the hierarchy, or the hierarchical
-    collectives with G = the preset's GPUs per node). Same compute model and efficiency as
-    :func:`simulate_case`; t_comm_s = t_iter - t_compute - t_select (s). comm_closed_form_s: see
-    :data:`CLUSTER_COLUMNS` (None for the flat algorithms across nodes). Raises ConfigError when P is not a
-    multiple of the preset's GPUs per node.
-    """
-    from sim.engine.timing import closed_form_comm_s
-
-    m = MODELS[model]
-    cl = get_cluster_preset(cluster, P)
-    G = cl.gpus_per_node
-    spec = variant_spec(variant, m.k, G)
-    row = _simulate_row(model, variant, spec, P, cl, iterations)
-    if spec.collective == "hierarchical":
-        cf = closed_form_comm_s(spec, P, m.d, 0.0, 0.0, cluster=cl)
-    elif cl.nodes == 1:  # one node: every message GPU to GPU on the intra-node fabric, uncontended
-        cf = closed_form_comm_s(spec, P, m.d, *cl.intra_alpha_beta())
-    else:
-        cf = None
-    return {**_with_closed_form(row, cf), "cluster": cluster, "nodes": cl.nodes, "gpus_per_node": G}
-
-
-# ----------------------------------------------------------------------------- overlap (zoo workloads, timeline)
-
-#: ICDCS model -> zoo model (:func:`sim.workloads.get_model`): the same architectures as the gTop-k code /
-#: torchvision define them, with exact parameter counts (ResNet-20 269,722; VGG-16-CIFAR 14,728,266; AlexNet
-#: 61,100,840; ResNet-50 25,557,032), which differ slightly from the rounded :attr:`ModelSpec.d`.
-ZOO_NAMES = {"ResNet-20": "resnet20-cifar", "VGG-16": "vgg16-cifar", "AlexNet": "alexnet", "ResNet-50": "resnet50"}
-#: Network models of ``overlap.csv``: "flat" (:data:`NETWORK`, every rank on its own port) and "cluster"
-#: (the plan's :mod:`sim.machine.topology` preset, :data:`CLUSTER` by default, with P ranks).
-OVERLAP_NETWORKS = ("flat", "cluster")
-#: (algorithm, timeline policy) pairs of ``overlap.csv``: dense with DDP's default buckets overlapped with
-#: backward ("ddp") and as one allreduce after backward ("none", the model of ``scaling.csv``); Top-k and
-#: gTop-k with the released code's policy ("model": one top-k over the whole gradient after backward).
-OVERLAP_CASES = (("dense", "ddp"), ("dense", "none"), ("topk", "model"), ("gtopk", "model"))
-#: ``overlap.csv``, one row per (model, P, network, algorithm, policy): buckets = communication operations
-#: per iteration; t_iter_s and exposed_comm_s (iteration time - compute, s) and overlap_ratio (1 - exposed /
-#: (comm + selection), in [0, 1]) from :func:`sim.engine.timeline.simulate_timeline`; efficiency_pct = 100
-#: t_compute / t_iter; published_pct (the same algorithm's published efficiency, %) and rel_error =
-#: (efficiency - published) / published, empty where nothing was published.
-OVERLAP_COLUMNS = ("model", "P", "network", "algorithm", "policy", "buckets", "t_iter_s", "exposed_comm_s",
-                   "overlap_ratio", "efficiency_pct", "published_pct", "rel_error")
-
-
-@lru_cache(maxsize=None)
-def icdcs_workload(model: str) -> Workload:
-    """The zoo model of ICDCS ``model`` (:data:`ZOO_NAMES`) with per-layer seconds at the paper's batch.
-
-    Tensors, layers and gradient-ready order are the zoo's (exact parameter counts). Each layer's forward and
-    backward seconds are its share of the zoo's FLOPs per sample (forward + backward over all layers) times
-    the published single-GPU compute time :meth:`ModelSpec.compute_s` (s, batch / samples per s, the released
-    ICDCS scripts), so that forward + backward over all layers equals it; ``measured_batch`` = the model's
-    batch. Layers with 0 FLOPs (BatchNorm, ReLU, pooling as the zoo counts them) get 0 s. Raises SparsimError
-    for a model without a zoo counterpart.
-    """
-    try:
-        zname = ZOO_NAMES[model]
-    except KeyError:
-        raise SparsimError(f"model = {model!r} has no zoo workload: valid {', '.join(ZOO_NAMES)}") from None
-    from sim.workloads import LayerCost, get_model
-
-    m = MODELS[model]
-    z = get_model(zname)
-    flops = sum(l.forward_flops + l.backward_flops for l in z.layers)
-    s = m.compute_s() / flops  # seconds per FLOP-per-sample at the paper's batch
-    layers = tuple(LayerCost(l.name, l.forward_flops, l.backward_flops, forward_s=l.forward_flops * s,
-                             backward_s=l.backward_flops * s) for l in z.layers)
-    return Workload(f"{z.name} ({model})", layers, z.tensors, measured_batch=m.batch, input=z.input,
-                    source=f"{z.source}; layer seconds = FLOP share x {m.batch} / {m.samples_per_s} samples/s "
-                           "(ICDCS scripts)", ready_order=z.ready_order)
-
-
-def _backward_share(model: str) -> float:
-    """Backward seconds / (forward + backward) of :func:`icdcs_workload` (the zoo's FLOP ratio)."""
-    w = icdcs_workload(model)
-    b = sum(l.backward_s for l in w.layers)
-    return b / (b + sum(l.forward_s for l in w.layers))
-
-
-def overlap_k(model: str) -> int:
-    """k of the overlap cases: round(DENSITY x the zoo model's exact d) (>= 1)."""
-    return max(1, round(DENSITY * icdcs_workload(model).d))
-
-
-def _overlap_network(network: str, P: int, cluster: str):
-    if network == "flat":
-        return get_preset(NETWORK)
-    if network == "cluster":
-        return get_cluster_preset(cluster, P)
-    raise SparsimError(f"network = {network!r} is unknown: valid {', '.join(OVERLAP_NETWORKS)}")
-
-
-def simulate_overlap_case(model: str, network: str, algorithm: str, policy: str, P: int, iterations: int = 1,
-                          cluster: str = CLUSTER) -> dict:
-    """Simulate one (model, network, algorithm, policy, P) on the layer-wise timeline; return its
-    :data:`OVERLAP_COLUMNS` row.
-
-    Workload :func:`icdcs_workload` (zoo tensors, FLOP-share layer seconds summing to the published compute
-    time), k = :func:`overlap_k`; the released code's flat algorithms (:data:`VARIANTS` dense ring, Top-k
-    Bruck allgather, gTop-k binomial tree; 4 + 4 bytes per sparse element) on ``network`` ("flat": the 1 GbE
-    preset; "cluster": ``cluster`` with P ranks); selection = :data:`SELECT_COEFF_S` x log2 x seconds over the
-    x elements of an operation (whole model here); :func:`sim.engine.timeline.simulate_timeline`, engine auto.
-    (algorithm, policy) must be one of :data:`OVERLAP_CASES`. Times in s; efficiency_pct = 100
-    :meth:`ModelSpec.compute_s` / t_iter (the ICDCS definition, as :func:`simulate_case`). Raises
-    SparsimError for an unknown network or (algorithm, policy) pair, ConfigError for a P the cluster rejects.
-    """
-    from sim.engine.timeline import TimelinePolicy, simulate_timeline
-
-    if (algorithm, policy) not in OVERLAP_CASES:
-        raise SparsimError(f"(algorithm, policy) = ({algorithm!r}, {policy!r}) is not simulated: valid "
-                           + ", ".join(f"({a}, {p})" for a, p in OVERLAP_CASES))
-    m = MODELS[model]
-    net = _overlap_network(network, P, cluster)
-    spec = variant_spec(algorithm, overlap_k(model))
-    pol = TimelinePolicy(sparse=policy) if spec.algorithm.sparse else TimelinePolicy(dense=policy)
-    res = simulate_timeline(spec, icdcs_workload(model), P, network=net, policy=pol, batch_size=m.batch,
-                            compute=ComputeModel(select_coeff_s=SELECT_COEFF_S), iterations=iterations, engine="auto")
-    t_iter = float(res.iter_s.mean())
-    eff = 100.0 * m.compute_s() / t_iter
-    pub = m.published[algorithm][PUBLISHED_P.index(P)] if P in PUBLISHED_P else None
-    return {"model": model, "P": P, "network": network, "algorithm": algorithm, "policy": policy,
-            "buckets": len(res.buckets), "t_iter_s": t_iter, "exposed_comm_s": float(res.exposed_comm_s.mean()),
-            "overlap_ratio": float(res.overlap_ratio.mean()), "efficiency_pct": eff, "published_pct": pub,
-            "rel_error": None if pub is None else _rel(eff, pub),
-            # not in overlap.csv: what the row was simulated with (s, elements)
-            "t_compute_s": float(res.compute_s.mean()), "comm_s": float(res.comm_s.mean()),
-            "compress_s": float(res.compress_s.mean()), "d": icdcs_workload(model).d,
-            "k": spec.k if spec.algorithm.sparse else None, "cluster": cluster if network == "cluster" else ""}
-
-
-# ----------------------------------------------------------------------------- crossover
-
-
-def crossover_closed_form(d: int, k: int, alpha: float, beta: float, p_max: int = CROSSOVER_P_MAX,
-                          select_s: float = 0.0) -> int | None:
-    """Smallest integer P in [2, p_max] where Top-k allgather (+ ``select_s``) is slower than dense ring allreduce.
-
-    Times from :mod:`sim.comm.costs` (ceil(lg P) alpha + (P-1) k 8 beta vs 2(P-1)(alpha + ceil(d/P) 4 beta), s);
-    None if Top-k is never slower up to p_max. ``select_s`` > 0 compares iteration times instead (the top-k
-    selection is the only other difference; forward/backward cancels).
-    """
-    for P in range(2, p_max + 1):
-        if select_s + topk_allgather_time(P, k, alpha, beta) > ring_allreduce_time(P, d, alpha, beta):
-            return P
-    return None
-
-
-def _sim_comm(spec: AlgorithmSpec, P: int, d: int) -> float:
-    """Simulated time (s) of ``spec``'s collective alone (zero compute) on P ranks of the flat network."""
-    from sim.engine.timing import simulate_timing
-
-    return float(simulate_timing(spec, P, d, network=get_preset(NETWORK), engine="auto").iter_s[0])
-
-
-def crossover_simulated(d: int, k: int, p_max: int, dense_cache: dict | None = None) -> tuple[int | None, list[int]]:
-    """Smallest P <= p_max where the *simulated* Top-k allgather is slower than the simulated dense ring.
-
-    Timing-only simulation (fast engine, exact) of the two collectives alone (zero compute) on the flat
-    network. Search: the powers of two 2, 4, ... up to p_max (and p_max); then, between the last P where
-    Top-k is not slower (lo) and the first where it is (hi), by simulation: the first integer at or above
-    the root of the chord through (lo, f(lo)) and (hi, f(hi)), f = t_topk - t_dense, and its neighbour
-    across the root (f is nearly linear inside a power-of-two bracket, so this usually closes the bracket
-    in two or four simulations); a bisection step whenever a chord step fails to halve the bracket.
-    Assumes one sign change in the bracket, which the closed forms show for these models.
-    dense_cache: {P: simulated dense ring s} for this d, shared between searches at other densities (the
-    ring does not depend on k); filled here. Returns (crossover or None, the P simulated, ascending).
-    """
-    dense, top = variant_spec("dense", k), variant_spec("topk", k)
-    dc = {} if dense_cache is None else dense_cache
-    diff: dict[int, float] = {}
-
-    def f(P):
-        if P not in diff:
-            if P not in dc:
-                dc[P] = _sim_comm(dense, P, d)
-            diff[P] = _sim_comm(top, P, d) - dc[P]
-        return diff[P]
-
-    grid = []
-    P = 2
-    while P < p_max:
-        grid.append(P)
-        P *= 2
-    grid.append(p_max)
-    lo, hi = 1, None
-    for P in grid:
-        if f(P) > 0:
-            hi = P
-            break
-        lo = P
-    if hi is None:
-        return None, sorted(diff)
-    chord = lo >= 2  # f(1) is not simulated (no communication at P = 1)
-    while hi - lo > 1:
-        width = hi - lo
-        if chord:
-            flo, fhi = f(lo), f(hi)
-            m = lo + math.ceil((hi - lo) * -flo / (fhi - flo)) if fhi > flo else (lo + hi) // 2
-            m = min(max(m, lo + 1), hi - 1)
-            probes = (m, m - 1) if f(m) > 0 else (m, m + 1)
-        else:
-            probes = ((lo + hi) // 2,)
-        for q in probes:
-            if lo < q < hi:
-                if f(q) > 0:
-                    hi = q
-                else:
-                    lo = q
-        chord = 2 * (hi - lo) <= width
-    return hi, sorted(diff)
-
-
-def crossover_rows(model: str, densities: tuple[float, ...], sim_p_max: int) -> list[dict]:
-    """The :data:`CROSSOVER_COLUMNS` rows of ``model`` at each density, the simulated dense ring shared."""
-    cache: dict[int, float] = {}
-    return [crossover_row(model, dens, sim_p_max, cache) for dens in densities]
-
-
-def crossover_row(model: str, density: float, sim_p_max: int, dense_cache: dict | None = None) -> dict:
-    """The :data:`CROSSOVER_COLUMNS` row of ``model`` at ``density`` (k = round(density d), 4 + 4 bytes).
-    dense_cache: see :func:`crossover_simulated`."""
-    m = MODELS[model]
-    k = max(1, round(density * m.d))
-    a, b = _alpha_beta()
-    cf = crossover_closed_form(m.d, k, a, b)
-    sel = SELECT_COEFF_S * m.d * math.log2(m.d)
-    cf_iter = crossover_closed_form(m.d, k, a, b, select_s=sel)
-    sim, evaluated = crossover_simulated(m.d, k, sim_p_max, dense_cache)
-    if cf is not None and cf <= sim_p_max:
-        agree = sim == cf
-        note = "simulated bisection and closed form"
-    else:
-        agree = sim is None
-        note = (f"beyond the simulated range: simulation finds none up to P = {sim_p_max}"
-                + ("" if cf is not None else f"; closed form none up to P = {CROSSOVER_P_MAX}"))
-    return {"model": model, "d": m.d, "density": density, "k": k, "crossover_closed_form": cf,
-            "crossover_simulated": sim, "agree": agree, "sim_p_max": sim_p_max,
-            "sim_evaluated_P": " ".join(map(str, evaluated)), "crossover_iter_closed_form": cf_iter, "note": note}
-
-
 # ----------------------------------------------------------------------------- jobs and outputs
 
 
@@ -579,10 +170,6 @@ def _cost(kind: str, key: tuple) -> float:
     return P * 100.0
 
 
-def _rel(sim: float, pub: float) -> float:
-    return (sim - pub) / pub
-
-
 def ratio_rows(sp: ScalingPlan, cases: dict) -> list[dict]:
     """Published vs simulated: efficiencies at P = 4..32 and the headline ratios at P = 32 (:data:`RATIO_COLUMNS`)."""
     rows = []
@@ -593,13 +180,13 @@ def ratio_rows(sp: ScalingPlan, cases: dict) -> list[dict]:
                 if (name, alg, P) in cases:
                     pub, sim = m.published[alg][i], cases[(name, alg, P)]["efficiency_pct"]
                     rows.append({"kind": "efficiency_pct", "model": name, "quantity": alg, "P": P, "published": pub,
-                                 "simulated": sim, "rel_error": _rel(sim, pub)})
+                                 "simulated": sim, "rel_error": rel_error(sim, pub)})
         if all((name, v, 32) in cases for v in MAIN_VARIANTS):
             e = {v: cases[(name, v, 32)]["efficiency_pct"] for v in MAIN_VARIANTS}
             for q, pub, sim in (("gtopk/dense", m.headline[0], e["gtopk"] / e["dense"]),
                                 ("gtopk/topk", m.headline[1], e["gtopk"] / e["topk"])):
                 rows.append({"kind": "headline_ratio", "model": name, "quantity": q, "P": 32, "published": pub,
-                             "simulated": sim, "rel_error": _rel(sim, pub)})
+                             "simulated": sim, "rel_error": rel_error(sim, pub)})
     return rows
 
 
@@ -619,7 +206,7 @@ def breakdown_rows(sp: ScalingPlan, cases: dict) -> list[dict]:
         for part, pub, sim in (("compute", pc, m.compute_s(batch)), ("compression", ps, c["t_select_s"]),
                                ("communication", pm, c["t_comm_s"])):
             rows.append({"model": name, "batch": batch, "part": part, "published_s": pub, "simulated_s": sim,
-                         "rel_error": _rel(sim, pub)})
+                         "rel_error": rel_error(sim, pub)})
     return rows
 
 
@@ -641,9 +228,9 @@ def hierarchy_rows(sp: ScalingPlan, cases: dict, ccases: dict) -> list[dict]:
                 rows.append({
                     "model": name, "P": P, "algorithm": alg, "cluster": c["cluster"], "nodes": c["nodes"],
                     "gpus_per_node": c["gpus_per_node"], "published_pct": pub, "flat_pct": f["efficiency_pct"],
-                    "flat_rel_error": None if pub is None else _rel(f["efficiency_pct"], pub),
+                    "flat_rel_error": None if pub is None else rel_error(f["efficiency_pct"], pub),
                     "cluster_pct": c["efficiency_pct"],
-                    "cluster_rel_error": None if pub is None else _rel(c["efficiency_pct"], pub),
+                    "cluster_rel_error": None if pub is None else rel_error(c["efficiency_pct"], pub),
                     "hier_pct": h["efficiency_pct"], "flat_t_iter_s": f["t_iter_s"], "cluster_t_iter_s": c["t_iter_s"],
                     "hier_t_iter_s": h["t_iter_s"], "cluster_over_flat_comm": c["t_comm_s"] / f["t_comm_s"],
                     "hier_comm_closed_form_s": h["comm_closed_form_s"], "hier_comm_rel_diff": h["comm_rel_diff"]})
@@ -716,7 +303,7 @@ def markdown_report(sp: ScalingPlan, cases: dict, ratios: list[dict], crossovers
     """The Markdown report: efficiency table side by side with the published one, ratios, misses, the
     hierarchy comparison (``hierarchy``: :func:`hierarchy_rows`, if given), the layer-wise overlap comparison
     (``overlap``: :func:`simulate_overlap_case` rows, if given), crossover."""
-    a, b = _alpha_beta()
+    a, b = network_alpha_beta()
     out = [f"Network {NETWORK}: alpha = {a * 1e3:.3f} ms, beta = {b * 1e9:.1f} ns/byte; density {DENSITY} "
            f"(k = density d), 4 + 4 bytes per sparse element (gtopk_released: 8 + 8, reference mask); compute = "
            f"batch / single-GPU throughput; select = {SELECT_COEFF_S:.3g} s * d log2 d. Efficiency in %; "
@@ -734,7 +321,7 @@ def markdown_report(sp: ScalingPlan, cases: dict, ratios: list[dict], crossovers
             for alg in MAIN_VARIANTS:
                 pub = m.published[alg][PUBLISHED_P.index(P)] if P in PUBLISHED_P else None
                 sim = cases[(name, alg, P)]["efficiency_pct"]
-                cells += [_fmt_pct(pub), _fmt_pct(sim), _fmt_err(None if pub is None else _rel(sim, pub))]
+                cells += [_fmt_pct(pub), _fmt_pct(sim), _fmt_err(None if pub is None else rel_error(sim, pub))]
             rel = cases.get((name, "gtopk_released", P))
             cells.append(_fmt_pct(rel["efficiency_pct"]) if rel else "–")
             out.append("| " + " | ".join(cells) + " |")
@@ -914,7 +501,7 @@ def _overlap_reading(orows: list[dict], nets: list[str], label: dict) -> str:
                 for r, b in slower) + ": every bucket's ring pays its own 2(P-1) alpha, more than the overlap hides.")
     hidden = max(pairs, key=lambda rb: rb[0]["overlap_ratio"])
     low = min(pairs, key=lambda rb: rb[0]["overlap_ratio"])
-    share = [_backward_share(m_) for m_ in dict.fromkeys(r["model"] for r, _ in pairs)]
+    share = [backward_share(m_) for m_ in dict.fromkeys(r["model"] for r, _ in pairs)]
     lines.append(f"- Overlap ratio of the DDP buckets from {low[0]['overlap_ratio']:.2f} ({low[0]['model']}, "
                  f"{label[low[0]['network']]}, P = {low[0]['P']}) to {hidden[0]['overlap_ratio']:.2f} "
                  f"({hidden[0]['model']}, {label[hidden[0]['network']]}, P = {hidden[0]['P']}): overlap hides at most "
@@ -1201,8 +788,6 @@ def run_scaling(out, *, quick: bool = False, force: bool = False, jobs: int | No
     ``scheduler`` is given and Dask is missing or unreachable. Cases and crossover searches finished by an
     interrupted run (``out.partial/cases/*.json``) are reused.
     """
-    from .sweep import resolve_jobs
-
     out = Path(out)
     check_out(out, force)
     resolve_jobs(jobs, scheduler)  # checked (and the scheduler reached) before any output

@@ -7,7 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from experiments.cli import main
-from experiments.scaling import MODELS, crossover_closed_form, crossover_simulated
+from experiments.scaling_data import MODELS
+from experiments.scaling_model import crossover_closed_form, crossover_simulated
 from sim.machine.network import PRESETS
 
 #: Stated tolerance: the simulated gTop-k/dense efficiency ratio of ResNet-50 at P = 32 lies within 20% of the
@@ -56,7 +57,8 @@ def test_resume_reuses_finished_cases(tmp_path):
     """An interrupted run leaves DIR.partial/cases/*.json; the next run reads them instead of simulating."""
     import json
 
-    from experiments.scaling import run_scaling, simulate_case
+    from experiments.scaling import run_scaling
+    from experiments.scaling_model import simulate_case
 
     out = tmp_path / "s"
     from experiments.outdir import MARKER, RESUME_KEY
@@ -76,7 +78,8 @@ def test_resume_ignores_cases_of_other_settings(tmp_path):
     import json
 
     from experiments.outdir import MARKER, RESUME_KEY
-    from experiments.scaling import run_scaling, simulate_case
+    from experiments.scaling import run_scaling
+    from experiments.scaling_model import simulate_case
 
     out = tmp_path / "s"
     cases = tmp_path / "s.partial" / "cases"
@@ -112,7 +115,7 @@ def test_plan_simulates_up_to_16384():
 
 def test_one_node_dense_ring_is_intra_node():
     """P = 4 on gtopk-icdcs is one node: the ring runs on PCIe, alpha_i = 10 us, beta_i = 1 ns/byte."""
-    from experiments.scaling import simulate_case, simulate_cluster_case
+    from experiments.scaling_model import simulate_case, simulate_cluster_case
     from sim.comm.costs import ring_allreduce_time
     from sim.machine.topology import get_cluster_preset
 
@@ -137,7 +140,8 @@ def test_one_node_dense_ring_is_intra_node():
 @pytest.mark.parametrize("variant", ["dense", "topk", "gtopk", "dense_hier", "topk_hier", "gtopk_hier"])
 def test_cluster_cases_equal_message_level_engine(variant):
     """Two nodes (P = 8), the shared NIC contended: the fast engine's times are the message-level engine's."""
-    from experiments.scaling import SELECT_COEFF_S, simulate_cluster_case, variant_spec
+    from experiments.scaling_data import SELECT_COEFF_S
+    from experiments.scaling_model import simulate_cluster_case, variant_spec
     from sim.machine.compute import ComputeModel
     from sim.engine.timing import simulate_timing
     from sim.machine.topology import get_cluster_preset
@@ -153,7 +157,7 @@ def test_cluster_cases_equal_message_level_engine(variant):
 
 def test_topk_allgather_queues_on_the_shared_nic():
     """At P = 32 (8 nodes) the Bruck allgather's later rounds send from all 4 GPUs of a node through one NIC."""
-    from experiments.scaling import simulate_case, simulate_cluster_case
+    from experiments.scaling_model import simulate_case, simulate_cluster_case
 
     f, c = simulate_case("ResNet-50", "topk", 32), simulate_cluster_case("ResNet-50", "topk", 32)
     assert 2.5 < c["t_comm_s"] / f["t_comm_s"] < 4.0 and c["comm_closed_form_s"] is None
@@ -162,7 +166,7 @@ def test_topk_allgather_queues_on_the_shared_nic():
 
 
 def test_variant_spec_errors_one_line():
-    from experiments.scaling import variant_spec
+    from experiments.scaling_model import variant_spec
     from sim.base.errors import SparsimError
 
     with pytest.raises(SparsimError, match=r"^variant = 'ring' is unknown: valid dense, .*gtopk_hier, randk"):
@@ -188,7 +192,9 @@ def test_quick_hierarchy_outputs(tmp_path):
     efficiencies of scaling.csv / cluster.csv with their relative errors; the report's table and reading."""
     import statistics
 
-    from experiments.scaling import CLUSTER_COLUMNS, HIERARCHY_COLUMNS, PUBLISHED_P, run_scaling
+    from experiments.scaling import HIERARCHY_COLUMNS, run_scaling
+    from experiments.scaling_data import PUBLISHED_P
+    from experiments.scaling_model import CLUSTER_COLUMNS
 
     out, report = run_scaling(tmp_path / "q", quick=True, jobs=1, progress=False)
     for name in ("hierarchy.csv", "cluster.csv", "hierarchy.png", "hierarchy.pdf", "scaling.csv", "report.md"):
@@ -228,7 +234,7 @@ def test_quick_hierarchy_outputs(tmp_path):
 
 def test_icdcs_workload_scales_flop_shares_to_the_published_compute():
     """Zoo tensors with exact counts, k = round(0.001 d), layer seconds = FLOP share x batch / samples per s."""
-    from experiments.scaling import icdcs_workload, overlap_k
+    from experiments.scaling_model import icdcs_workload, overlap_k
     from sim.workloads import get_model
 
     exact = {"ResNet-20": 269_722, "VGG-16": 14_728_266, "AlexNet": 61_100_840, "ResNet-50": 25_557_032}
@@ -253,8 +259,8 @@ def test_icdcs_workload_scales_flop_shares_to_the_published_compute():
 def test_overlap_without_overlap_equals_the_scaling_model(network):
     """Dense 'none' and the sparse whole-model policy on the timeline = simulate_timing at the zoo's d, as in
     scaling.csv / cluster.csv (compute, then selection, then one collective)."""
-    from experiments.scaling import (NETWORK, SELECT_COEFF_S, icdcs_workload, overlap_k, simulate_overlap_case,
-                                     variant_spec)
+    from experiments.scaling_data import NETWORK, SELECT_COEFF_S
+    from experiments.scaling_model import icdcs_workload, overlap_k, simulate_overlap_case, variant_spec
     from sim.machine.compute import ComputeModel
     from sim.machine.network import get_preset
     from sim.engine.timing import simulate_timing
@@ -279,7 +285,8 @@ def test_ddp_overlap_bounds():
     """compute <= DDP iteration <= compute + the buckets' allreduces (each a ring on the flat network); shorter
     than one allreduce after backward except where the extra buckets' 2(P-1) alpha outweighs the overlap
     (ResNet-20 at P >= 8: 1 MiB first bucket = 97% of its 269,722 parameters, ready late in backward)."""
-    from experiments.scaling import PUBLISHED_P, icdcs_workload, simulate_overlap_case
+    from experiments.scaling_data import PUBLISHED_P
+    from experiments.scaling_model import icdcs_workload, simulate_overlap_case
     from sim.comm.costs import ring_allreduce_time
     from sim.engine.timeline import ddp_buckets
 
@@ -309,7 +316,7 @@ def test_ddp_overlap_bounds():
 
 
 def test_overlap_case_errors_one_line():
-    from experiments.scaling import simulate_overlap_case
+    from experiments.scaling_model import simulate_overlap_case
     from sim.base.errors import SparsimError
 
     with pytest.raises(SparsimError, match=r"^\(algorithm, policy\) = \('gtopk', 'ddp'\) is not simulated: valid "):
@@ -321,7 +328,9 @@ def test_overlap_case_errors_one_line():
 def test_quick_overlap_outputs(tmp_path):
     """overlap.csv: one row per (P, network, algorithm, policy) for ResNet-50, the columns of OVERLAP_COLUMNS, the
     published numbers; report.md's overlap table."""
-    from experiments.scaling import OVERLAP_CASES, OVERLAP_COLUMNS, PUBLISHED_P, run_scaling, simulate_overlap_case
+    from experiments.scaling import run_scaling
+    from experiments.scaling_data import PUBLISHED_P
+    from experiments.scaling_model import OVERLAP_CASES, OVERLAP_COLUMNS, simulate_overlap_case
 
     out, report = run_scaling(tmp_path / "q", quick=True, jobs=1, progress=False)
     rows = _csv(out / "overlap.csv")
@@ -346,7 +355,9 @@ def test_quick_successors_cover_every_later_algorithm(tmp_path):
     """successors.csv: gTop-k and every registered algorithm the paper's variants do not use, at P = 4..32 for
     ResNet-50, each row's communication at least its algorithm's closed form (timing-only, contention-free 1 GbE;
     equal for gTop-k)."""
-    from experiments.scaling import PUBLISHED_P, run_scaling, successor_variants
+    from experiments.scaling import run_scaling
+    from experiments.scaling_data import PUBLISHED_P
+    from experiments.scaling_model import successor_variants
     from sim.algorithms import REGISTRY
 
     out, report = run_scaling(tmp_path / "s", quick=True, jobs=1, progress=False)
