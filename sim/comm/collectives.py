@@ -819,7 +819,7 @@ def ssar_recursive_doubling(rank: int, P: int, sel: Sparse, *, value_bytes: int 
     streams: the stream algebra (default :class:`SparseStreams` for ``sel``; the timing-only mode passes one of
     stream sizes).
     Cost with pairwise disjoint supports of k entries (the worst case; overlaps make the messages smaller):
-    [rem > 0](alpha + B(k) beta) + sum_{j=1..lg pof2} (alpha + B(S_j) beta) + [rem > 0](alpha + B(P k) beta),
+    [rem > 0] (alpha + B(k) beta) + sum_{j=1..lg pof2} (alpha + B(S_j) beta) + [rem > 0] (alpha + B(P k) beta),
     S_j = (2^(j-1) + min(rem, 2^(j-1))) k, B(c) = n v if dense else c (v + i) (:func:`sim.comm.costs.sparcml_rd_time`);
     = lg P alpha + (P - 1) k (v + i) beta for P a power of two before any switch (the paper's worst case).
     """
@@ -865,8 +865,8 @@ def ssar_split_allgather(rank: int, P: int, sel: Sparse, *, value_bytes: int = 4
 
     sel: this rank's selection. Returns the final stream, identical on every rank (``streams.finish`` gives g).
     Cost under the timing-only assumption (disjoint supports spread evenly, :func:`sim.comm.costs.sparcml_split_time`):
-    [rem > 0](alpha + B(k) beta) + (pof2 - 1)(alpha + b beta) + sum_{j=1..lg pof2}(alpha + B(2^(j-1) R) beta)
-    + [rem > 0](alpha + B(pof2 R) beta), b the largest piece, R the entries of a region sum.
+    [rem > 0] (alpha + B(k) beta) + (pof2 - 1)(alpha + b beta) + sum_{j=1..lg pof2}(alpha + B(2^(j-1) R) beta)
+    + [rem > 0] (alpha + B(pof2 R) beta), b the largest piece, R the entries of a region sum.
     """
     ops = streams if streams is not None else SparseStreams(sel.d, sel.val.dtype, value_bytes, index_bytes,
                                                            dense_threshold, dense_rule)

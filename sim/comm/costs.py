@@ -215,7 +215,7 @@ def sparcml_rd_time(P: int, k: int, n: int, alpha: float, beta: float, value_byt
     """SparCML's SSAR_Recursive_double (:func:`sim.comm.collectives.ssar_recursive_doubling`) of P selections of k
     entries over n coordinates, with pairwise disjoint supports (the worst case; the timing-only assumption):
 
-    [rem > 0](alpha + B(k) beta) + sum_{j=1..lg pof2} (alpha + B(S_j) beta) + [rem > 0](alpha + B(P k) beta),
+    [rem > 0] (alpha + B(k) beta) + sum_{j=1..lg pof2} (alpha + B(S_j) beta) + [rem > 0] (alpha + B(P k) beta),
     S_j = (2^(j-1) + min(rem, 2^(j-1))) k,
 
     the fold, the lg pof2 rounds paced by the lowest block (its stream, holding the folded pairs, is the largest;
@@ -245,8 +245,8 @@ def sparcml_split_time(P: int, k: int, n: int, alpha: float, beta: float, value_
     every piece of a stream of c entries holding ceil(c / pof2) entries over the largest region's width
     m = ceil(n / pof2)):
 
-    [rem > 0](alpha + B(k) beta) + (pof2 - 1)(alpha + b beta) + sum_{j=1..lg pof2} (alpha + B(2^(j-1) R) beta)
-    + [rem > 0](alpha + B(pof2 R) beta),
+    [rem > 0] (alpha + B(k) beta) + (pof2 - 1)(alpha + b beta) + sum_{j=1..lg pof2} (alpha + B(2^(j-1) R) beta)
+    + [rem > 0] (alpha + B(pof2 R) beta),
 
     the fold; pof2 - 1 pairwise rounds of the split phase, paced by the largest piece b (of a folded survivor's
     stream of c = 2k entries when rem > 0, else c = k: m value_bytes if its stream is dense or ceil(c / pof2)
