@@ -20,7 +20,6 @@ analytic or estimated. Results go to ``check.json`` and ``check.txt`` in the run
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -30,8 +29,9 @@ from sim.base.errors import ConfigError, SparsimError
 from theory.bounds import BOUNDS, condition18_D, optimal_eta, theorem1_on_schedule
 
 from .outdir import atomic_write_text, verify_record
+from .record import read_metrics
 
-__all__ = ["Verdict", "CheckReport", "check_run", "read_metrics"]
+__all__ = ["Verdict", "CheckReport", "check_run"]
 
 
 @dataclass
@@ -84,24 +84,6 @@ def _is_dense(label: str) -> bool:
 
     algo = REGISTRY.get(label.split("[", 1)[0])
     return algo is not None and not algo.sparse
-
-def _num(s: str) -> float:
-    return math.nan if s == "" else float(s)
-
-
-def read_metrics(run_dir: Path) -> dict[str, list[dict]]:
-    """metrics.csv of a run, grouped by algorithm, numbers parsed (empty -> nan; algorithm and run_id stay text).
-    Raises ConfigError if missing."""
-    p = Path(run_dir) / "metrics.csv"
-    if not p.is_file():
-        raise ConfigError(f"{str(run_dir)!r} is not a finished run directory: {p.name} is missing")
-    out: dict[str, list[dict]] = {}
-    with open(p, newline="") as fh:
-        for r in csv.DictReader(fh):
-            row = {k: (r[k] if k in ("algorithm", "run_id") else _num(r[k])) for k in r}
-            out.setdefault(r["algorithm"], []).append(row)
-    return out
-
 
 def _constants(c: dict, f0: float) -> tuple[dict, list[str]]:
     """L, M and f(x_0) - f* for the bounds, from the run's resolved constants ``c`` and its initial loss ``f0``.

@@ -24,8 +24,7 @@ def cached_run(run_dir: Path, compute: Callable[[], list[dict]]) -> list[dict]:
     Rows are dicts with :data:`sim.engine.runner.METRIC_COLUMNS`; read back with empty cells as nan. The file
     is written atomically (temporary file + rename), so an existing file is always complete.
     """
-    from .check import read_metrics
-    from .record import write_metrics
+    from .record import read_metrics, write_metrics
 
     run_dir = Path(run_dir)
     path = run_dir / "metrics.csv"

@@ -1,8 +1,8 @@
 """The records every run directory shares, whatever the run kind (:mod:`experiments.run`'s numerics on the
 simulator or on torch, :mod:`experiments.workload_run`'s timeline):
 
-- ``metrics.csv`` (:func:`write_metrics`): one row per (algorithm, iteration), columns
-  :data:`sim.engine.runner.METRIC_COLUMNS`, every row carrying the run's :func:`run_id`;
+- ``metrics.csv`` (:func:`write_metrics`, read back by :func:`read_metrics`): one row per (algorithm,
+  iteration), columns :data:`sim.engine.runner.METRIC_COLUMNS`, every row carrying the run's :func:`run_id`;
 - summary.json's ``versions`` (:func:`versions`) and ``provenance`` (:func:`provenance`, with the layout's
   :data:`SUMMARY_SCHEMA_VERSION`).
 
@@ -10,17 +10,20 @@ Nothing here runs anything: it records rows computed elsewhere.
 """
 from __future__ import annotations
 
+import csv
 import json
+import math
 import platform
 from importlib import metadata
 from pathlib import Path
 
+from sim.base.errors import ConfigError
 from sim.engine.runner import METRIC_COLUMNS
 
 from .outdir import write_csv
 from .scenario import Scenario, used_keys_dump
 
-__all__ = ["SUMMARY_SCHEMA_VERSION", "run_id", "provenance", "versions", "write_metrics"]
+__all__ = ["SUMMARY_SCHEMA_VERSION", "run_id", "provenance", "versions", "write_metrics", "read_metrics"]
 
 
 def run_id(sc: Scenario, backend: str = "sim") -> str:
@@ -77,6 +80,24 @@ def write_metrics(path: Path, rows: list[dict], rid: str | None = None) -> None:
         for r in rows:
             r.setdefault("run_id", rid)
     write_csv(path, METRIC_COLUMNS, rows)
+
+
+def _num(s: str) -> float:
+    return math.nan if s == "" else float(s)
+
+
+def read_metrics(run_dir: Path) -> dict[str, list[dict]]:
+    """metrics.csv of a run, grouped by algorithm, numbers parsed (empty -> nan; algorithm and run_id stay text).
+    Raises ConfigError if missing."""
+    p = Path(run_dir) / "metrics.csv"
+    if not p.is_file():
+        raise ConfigError(f"{str(run_dir)!r} is not a finished run directory: {p.name} is missing")
+    out: dict[str, list[dict]] = {}
+    with open(p, newline="") as fh:
+        for r in csv.DictReader(fh):
+            row = {k: (r[k] if k in ("algorithm", "run_id") else _num(r[k])) for k in r}
+            out.setdefault(r["algorithm"], []).append(row)
+    return out
 
 
 def versions() -> dict:

@@ -355,7 +355,7 @@ def run_case(pl: Plan, case: Case, iterations: int, run_dir: str, threads: int =
     SparsimError with the case's name and folder in front of its message)."""
     from threadpoolctl import threadpool_limits
 
-    from .check import read_metrics
+    from .record import read_metrics
     from .run import run_scenario
 
     run_dir = Path(run_dir)

@@ -4,7 +4,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from experiments.check import check_run, read_metrics
+from experiments.check import check_run
+from experiments.record import read_metrics
 from experiments.cli import main
 
 
