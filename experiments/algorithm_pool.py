@@ -79,7 +79,7 @@ def algorithm_jobs(jobs: int | None, n_algorithms: int, estimate: dict | None = 
 
 
 def run_algorithms(specs, built, *, T: int, eval_every: int, jobs: int = 1, bar_for=None) -> list[list[dict]]:
-    """Simulate every AlgorithmSpec of ``specs`` on ``built`` (an :class:`experiments.run.Built`); return their rows.
+    """Simulate every AlgorithmSpec of ``specs`` on ``built`` (an :class:`experiments.build.Built`); return their rows.
 
     Returns one list of metric rows (dicts, :data:`sim.engine.runner.METRIC_COLUMNS`) per spec, in the order of
     ``specs``, the same whatever ``jobs``. jobs: how many run at once (:func:`algorithm_jobs`); 1 runs them here,

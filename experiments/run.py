@@ -191,7 +191,7 @@ def write_run_directory(tmp: Path, sc: Scenario, built: Built, rows: list[dict],
 
     built: the :class:`~experiments.build.Built` the rows were computed on. rows: the metrics rows of every
     algorithm in order (:data:`METRIC_COLUMNS`). wall_s: the run's wall time (s). backend: a dict describing the
-    backend, stored as summary["backend"] (default sim; :func:`experiments.torch_run.torch_backend_info`).
+    backend, stored as summary["backend"] (default sim; :func:`experiments.torch_job.torch_backend_info`).
     """
     segments: list[list[dict]] = []
     for r in rows:  # each algorithm's rows start with its iteration-0 row

@@ -11,7 +11,7 @@ depend on the cluster: the cluster only times the iterations. Each iteration's t
 timeline on that cluster (:class:`sim.engine.timeline.TimelineClock`, the clock of a ``[model]`` run), which follows from
 k, d, the policies and the device, never from the values. So each case is trained once (a ``sparsim run`` folder
 under ``runs/``, timed on the first cluster), and its clock on every cluster is the float64 ``np.cumsum`` of that
-cluster's iteration times (:func:`cluster_iteration_times`, built as :class:`experiments.run.Built` builds it); on
+cluster's iteration times (:func:`cluster_iteration_times`, built as :class:`experiments.build.Built` builds it); on
 the first cluster it is checked to equal, bit for bit, the ``sim_time_s`` the training run wrote.
 
 Rules (results.md states them):
