@@ -15,8 +15,9 @@ kernel can reclaim without swapping).
 
 Work, in units of one parameter of one worker in one iteration (about 1e-7 s of this project's reference
 2-core VM), summed over the algorithms: ``iterations x P x (d + MESSAGE_UNITS m + STEP_UNITS)``, m = messages a
-worker sends per step (2(P-1) for the dense ring, 2(G-1) + 2(N-1) for the hierarchical allreduce, else at most
-2 ceil(lg P) + 2 per collective, times the segments of layer-wise selection): measured, a message costs about
+worker sends per step, on average, counted from the algorithm's own rounds (:func:`messages_per_step`: 2(P-1) for
+the dense ring, P - 1 + 2 ceil(lg P) for Ok-Topk, both allreduces of PowerSGD, ..., times the segments of
+layer-wise selection): measured, a message costs about
 3e-5 s of simulation and a worker's step about 3e-4 s besides its vector work. Above :data:`MAX_WORK` (1e11
 units, about 3 hours there) a run is refused unless ``yes``.
 """
@@ -83,24 +84,29 @@ def _gpus_per_node(cl) -> int:
     return cl.gpus_per_node if cl.network == "hierarchical" else 1
 
 
-def messages_per_step(algorithm: str, collective: str, P: int, G: int = 1, segments: int = 1) -> int:
-    """Messages one worker sends per step (an estimate for :func:`estimate_work`): a ``ring`` collective 2(P-1),
-    a ``hierarchical`` one of a non-segmented algorithm (the dense allreduce) 2(G-1) + 2(N-1) (N = P / G nodes),
-    any other collective 2 ceil(lg P) + 2 (the logarithmic-round ones: recursive doubling, Bruck allgather,
-    binomial tree + broadcast, the hierarchical sparse ones), times ``segments`` for a segmented algorithm with
-    layer-wise selection; 0 when P = 1. algorithm: a registered name (ConfigError otherwise)."""
-    from sim.algorithms import get
+#: Largest P at which :func:`messages_per_step` enumerates the algorithm's rounds (a second at most); above it the
+#: per-rank count at this P is scaled by (P - 1) / (MESSAGES_EXACT_MAX_P - 1): exact for the ring's 2(P - 1), an
+#: upper bound for the logarithmic collectives and Ok-Topk's P - 1 + 2 ceil(lg P) (their counts grow slower).
+MESSAGES_EXACT_MAX_P = 4096
+
+
+def messages_per_step(spec, P: int, d: int, segments: int = 1) -> float:
+    """Messages one worker sends per step on average (total over the P ranks / P), an estimate for
+    :func:`estimate_work`, counted from the algorithm's own exchange (:meth:`sim.algorithms.Algorithm.fast_rounds`,
+    the one timing-only definition both engines run: PowerSGD's two allreduces, Ok-Topk's P - 1 pairwise rounds
+    and two allgathers, ...), times ``segments`` for a segmented algorithm with layer-wise selection; 0 when P = 1.
+    spec: an :class:`~sim.algorithms.AlgorithmSpec`; d: parameters. Exact for P <= :data:`MESSAGES_EXACT_MAX_P`,
+    an upper bound above it. Raises ConfigError as the algorithm's fast_rounds does."""
+    from sim.comm.rounds import count_messages
 
     if P <= 1:
-        return 0
-    algo = get(algorithm)
-    if collective == "ring":
-        m = 2 * (P - 1)
-    elif collective == "hierarchical" and not algo.segmented:
-        m = 2 * (G - 1) + 2 * (P // max(G, 1) - 1)
-    else:
-        m = 2 * math.ceil(math.log2(P)) + 2
-    return m * (max(segments, 1) if algo.segmented else 1)
+        return 0.0
+    Pc = min(P, MESSAGES_EXACT_MAX_P)
+    G = spec.gpus_per_node if spec.collective == "hierarchical" else 1
+    if Pc % G:
+        Pc = P  # a hierarchical collective needs whole nodes (P = 4096 is a multiple of every preset's G)
+    m = count_messages(spec.algorithm.fast_rounds(spec, Pc, d, 1, G)) / Pc * ((P - 1) / (Pc - 1))
+    return m * (max(segments, 1) if spec.algorithm.segmented else 1)
 
 
 def estimate_work(sc, d: int) -> float:
@@ -108,9 +114,10 @@ def estimate_work(sc, d: int) -> float:
     cl, c = sc.cluster, sc.compression
     P, T, G = cl.P, sc.training.iterations, _gpus_per_node(sc.cluster)
     segments = len(c.layer_sizes) or 1
+    k = max(1, min(d, round(c.density * d))) if c.k is None else min(int(c.k), d)
     total = 0.0
-    for spec in algorithm_specs(sc, 1, G):
-        m = messages_per_step(spec.name, spec.collective, P, G, segments)
+    for spec in algorithm_specs(sc, k, G):
+        m = messages_per_step(spec, P, d, segments)
         total += float(T) * P * (d + MESSAGE_UNITS * m + STEP_UNITS)
     return total
 

@@ -201,14 +201,39 @@ def test_too_much_work_needs_yes(tmp_path, monkeypatch):
 
 
 def test_work_estimate_counts_messages():
-    from experiments.resources import MESSAGE_UNITS, STEP_UNITS, estimate_work, messages_per_step
-    from experiments.scenario import load_scenario
+    """Messages per worker per step are counted from the algorithm's own rounds (#23 item 6: the old rule, at most
+    2 ceil(lg P) + 2 per collective, was 30x low for Ok-Topk at P = 1024 and missed PowerSGD's second allreduce)."""
+    import math
 
-    assert messages_per_step("dense", "ring", 8) == 14
-    assert messages_per_step("gtopk", "tree", 8) == 8 and messages_per_step("topk", "allgather", 1) == 0
-    assert messages_per_step("dense", "hierarchical", 32, G=8) == 14 + 6
+    from experiments.resources import (MESSAGE_UNITS, MESSAGES_EXACT_MAX_P, STEP_UNITS, estimate_work,
+                                       messages_per_step)
+    from experiments.scenario import load_scenario
+    from sim.algorithms import AlgorithmSpec
+
+    d = 100_000
+    assert messages_per_step(AlgorithmSpec("dense", collective="ring"), 8, d) == 14  # 2 (P - 1)
+    # binomial reduce + broadcast: 2 (P - 1) messages over all P ranks
+    assert messages_per_step(AlgorithmSpec("gtopk", k=10, collective="tree"), 8, d) == 14 / 8
+    assert messages_per_step(AlgorithmSpec("topk", k=10), 1, d) == 0
+    # Bruck allgather: ceil(lg P) rounds, every rank sends in each
+    assert messages_per_step(AlgorithmSpec("topk", k=10), 1000, d) == math.ceil(math.log2(1000))
+    # hierarchical ring allreduce, G = 8, N = 4: 2 (G - 1) in the node and 2 (N - 1) across
+    assert messages_per_step(AlgorithmSpec("dense", collective="hierarchical", gpus_per_node=8), 32, d) == 14 + 6
+    # Ok-Topk: P - 1 pairwise rounds, then two Bruck allgathers (counts, blocks)
+    P = 1024
+    assert messages_per_step(AlgorithmSpec("oktopk", k=1000), P, d) == P - 1 + 2 * 10
+    # PowerSGD (ring, compressed): two allreduces of a padded ring, 2 (P - 1) each
+    assert messages_per_step(AlgorithmSpec("powersgd", collective="ring"), 16, d) == 2 * 2 * 15
+    # above the enumeration limit: the count at the limit scaled by (P - 1) / (limit - 1): the ring's exactly,
+    # an upper bound for the logarithmic ones and Ok-Topk
+    P = 2 * MESSAGES_EXACT_MAX_P
+    assert messages_per_step(AlgorithmSpec("dense", collective="ring"), P, d) == pytest.approx(2 * (P - 1), rel=1e-12)
+    assert messages_per_step(AlgorithmSpec("topk", k=10), P, d) >= math.ceil(math.log2(P))
+    assert messages_per_step(AlgorithmSpec("oktopk", k=10_000), P, d) >= P - 1 + 2 * math.ceil(math.log2(P))
     sc = load_scenario(None, ["algorithms=dense", "training.iterations=10"])
     assert estimate_work(sc, 640) == 10 * 8 * (640 + MESSAGE_UNITS * 14 + STEP_UNITS)
+    sc = load_scenario(None, ["algorithms=oktopk", "training.iterations=2", "cluster.P=1024"])
+    assert estimate_work(sc, 640) == 2 * 1024 * (640 + MESSAGE_UNITS * (1023 + 20) + STEP_UNITS)
 
 
 def test_progress_estimates_the_whole_runs_wall_time(monkeypatch):

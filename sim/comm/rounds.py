@@ -29,7 +29,7 @@ import numpy as np
 
 from sim.comm import collectives as C
 
-__all__ = ["Work", "Round", "Rounds", "chunk_size", "mapper", "ring_rounds", "binomial_rounds",
+__all__ = ["Work", "Round", "Rounds", "count_messages", "chunk_size", "mapper", "ring_rounds", "binomial_rounds",
            "ring_allreduce_rounds", "rd_allreduce_rounds", "hier_allreduce_rounds", "bcast_rounds",
            "topk_allgather_rounds", "hier_topk_allgather_rounds",
            "gtopk_tree_rounds", "gtopk_rd_rounds", "hier_gtopk_rounds"]
@@ -56,6 +56,21 @@ class Round:
 
 #: What a vectorised collective yields.
 Rounds = Iterator[Union[Work, Round]]
+
+
+def count_messages(ops) -> int:
+    """Messages a vectorised program sends, summed over all ranks: the number of ranks r with ``dst[r] >= 0`` in
+    every :class:`Round` (Work is skipped). ops: an iterable of Work and Round. Returns an int >= 0."""
+    n = 0
+    seen = {}  # a ring reuses its (dst) arrays every round: count each array once
+    for op in ops:
+        if isinstance(op, Round):
+            key = id(op.dst)
+            got = seen.get(key)
+            if got is None or got[0] is not op.dst:
+                got = seen[key] = (op.dst, int(np.count_nonzero(op.dst >= 0)))
+            n += got[1]
+    return n
 
 
 def chunk_size(total, parts: int, c):
