@@ -15,8 +15,6 @@ the one earliest in the scenario's order is raised (the serial run's), after the
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -26,6 +24,7 @@ import signal
 import time
 
 from sim.base.errors import ConfigError, ResourceError, SparsimError
+from sim.base.process import die_with_parent
 from sim.engine.runner import run_algorithm
 
 log = logging.getLogger("sparsim.run")
@@ -116,7 +115,7 @@ def _child(conn, spec, workers, kw, ticks: bool, parent_ends, parent_pid: int) -
     """
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     for end in parent_ends:
         end.close()
     try:
@@ -134,21 +133,6 @@ def _child(conn, spec, workers, kw, ticks: bool, parent_ends, parent_pid: int) -
         pass
     finally:
         conn.close()
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG), and exit now if the
-    parent died before the request; elsewhere a no-op (the child then ends at its next send, which fails)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _start_child(ctx, spec, workers, kw, ticks: bool, running):

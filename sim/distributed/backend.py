@@ -53,7 +53,8 @@ from sim.algorithms import AlgorithmSpec, StepOutput, sgd_step
 from sim.engine.cluster import CATEGORY_OF_KIND
 from sim.engine.replay import StepTrace
 from sim.comm.compression import Sparse, selection_device
-from sim.base.errors import NonFiniteError, SparsimError, check_range
+from sim.base.process import die_with_parent
+from sim.base.errors import SparsimError, check_range
 from sim.base.ops import AllReduce, Compute, Recv, Send, SendRecv, signature
 
 __all__ = [
@@ -631,10 +632,14 @@ def init_from_env(*, backend: str = "auto", timeout_s: float = 60.0) -> DistCont
 
 
 def _child(rank: int, P: int, port: int, backend: str, timeout_s: float, target, args, tmpdir: str,
-           progress=None) -> None:
+           progress=None, parent_pid: int | None = None) -> None:
     """Body of one spawned local rank: join the group via the parent's TCPStore, run target, report.
-    progress: (shared double array of last-progress times, shared int array of iterations), by rank."""
+    progress: (shared double array of last-progress times, shared int array of iterations), by rank.
+    parent_pid: the launcher; the rank dies with it (a SIGKILLed ``sparsim run --backend torch`` leaves no rank
+    training: :func:`sim.base.process.die_with_parent`)."""
     global _PROGRESS
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     err_path = os.path.join(tmpdir, f"error_{rank}.txt")
     # this rank's stderr (file descriptor 2: Python's warnings and tracebacks and torch's C++ c10d logging,
     # which prints dozens of stack frames when a store or a peer times out) goes to a log file that
@@ -746,7 +751,7 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
     ctx = mp.get_context("spawn")
     beats, iters = ctx.Array("d", P, lock=False), ctx.Array("q", P, lock=False)
     procs = [ctx.Process(target=_child, args=(r, P, store.port, backend, float(timeout_s), target, args, tmpdir,
-                                              (beats, iters)),
+                                              (beats, iters), os.getpid()),
                          name=f"sparsim-rank{r}", daemon=True) for r in range(P)]
     from multiprocessing.connection import wait as mp_wait
 
