@@ -516,5 +516,27 @@ def experiment_tta(out, quick, force, jobs, scheduler, quiet, model, algorithms,
     click.echo(report)
 
 
+@experiment.command("validate-advisor")
+@_experiment_options("validate-advisor", "CI size: the tta quick plan with dense, topk, gtopk at 0.001, 2 seeds, 80 "
+                                         "iterations evaluated every 4, targets 0.72,0.75")
+@click.option("--runs", type=click.Path(file_okay=False), default=None,
+              help="read this sparsim experiment tta output directory instead of running the sweep (its evaluation "
+                   "points must put >= 4 in each run's first --fraction)")
+@click.option("--targets", default=None, help="comma-separated test accuracies in (0, 1] [default: 0.84,0.86; "
+                                              "--quick: 0.72,0.75]")
+@click.option("--fraction", type=float, default=None, help="share of each run's iterations the predictor sees, in "
+                                                            "(0, 1) [default: 0.2]")
+@_user_errors
+def experiment_validate_advisor(out, quick, force, jobs, scheduler, quiet, runs, targets, fraction):
+    """Time to accuracy predicted from the first 20 % of each run against the full runs: Kendall tau and top-1."""
+    from .advisor_validation import run_validation
+
+    path, _rows, report = run_validation(out, runs=runs, quick=quick, force=force, jobs=jobs, scheduler=scheduler,
+                                         progress=not quiet, targets=targets, fraction=fraction)
+    click.echo(f"wrote {path}/ (cases.csv, fits.csv, rankings.csv, report.md, validation.png, validation.pdf"
+               + ("" if runs else ", tta/") + ")")
+    click.echo(report)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
