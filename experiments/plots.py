@@ -121,7 +121,7 @@ def run_figure(rows: list[dict], outdir: Path, title: str = "") -> list[Path]:
         if a.get_legend_handles_labels()[0]:  # a dense-only run has nothing to label in some panels
             a.legend(fontsize=8)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, parse_math=False)  # a user's text ($x^$ is not mathtext): drawn as written
     fig.tight_layout()
     from .outdir import save_figure
 

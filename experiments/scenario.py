@@ -313,10 +313,15 @@ def used_keys_dump(sc: "Scenario", backend: str = "sim") -> dict:
     return out
 
 
+#: Longest scenario name: it titles the figure and names the run in summary.json (a 1 MB name made the figure
+#: take minutes and gigabytes).
+MAX_NAME_CHARS = 200
+
+
 class Scenario(_Strict):
     """A whole scenario: what to run, on what cluster, with which data."""
 
-    name: str = Field("scenario", description="label used in outputs")
+    name: str = Field("scenario", description="label used in outputs (one line, plain text, 1 to 200 characters)")
     seed: int = Field(0, ge=0, description="seed of data sharding, mini-batches, jitter and initial point")
     algorithms: list[str] = Field(
         ["dense", "topk", "gtopk"], min_length=1,  # algorithms: the default comparison
@@ -331,6 +336,14 @@ class Scenario(_Strict):
     torch: TorchCfg = TorchCfg()
     workload: WorkloadCfg = WorkloadCfg()
     model: ModelCfg = ModelCfg()
+
+    @field_validator("name")
+    @classmethod
+    def _one_line_name(cls, v: str) -> str:
+        if not 1 <= len(v) <= MAX_NAME_CHARS or any(ord(ch) < 32 or ord(ch) == 127 for ch in v):
+            raise ValueError(f"valid one line of text without control characters, 1 to {MAX_NAME_CHARS} characters "
+                             f"(this one: {len(v)} characters)")
+        return v
 
     @field_validator("algorithms")
     @classmethod
@@ -441,6 +454,13 @@ class Scenario(_Strict):
         return min(d, max(1, round(self.compression.density * d)))
 
 
+def _shown(value) -> str:
+    """``repr(value)`` for an error line, cut to its first 60 characters when longer than 80 (a 1 MB value would
+    otherwise be the whole message)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
 def _format_error(err: ValidationError, where: str) -> str:
     e = err.errors()[0]
     key = ".".join(str(p) for p in e["loc"])
@@ -453,8 +473,15 @@ def _format_error(err: ValidationError, where: str) -> str:
         name = e["loc"][-1]
         f = _field_of(e["loc"])
         rng = _valid_range(str(name), f) if f is not None else f"{name} {bound} {list(e['ctx'].values())[0]}"
-        return f"{where}: {key} = {e.get('input')!r} is out of range: valid {rng}"
-    return f"{where}: {key} = {e.get('input')!r}: {e['msg']}"
+        return f"{where}: {key} = {_shown(e.get('input'))} is out of range: valid {rng}"
+    kind = {"int_parsing": "an integer", "int_from_float": "an integer", "int_type": "an integer",
+            "float_parsing": "a number", "float_type": "a number", "finite_number": "a finite number",
+            "bool_parsing": "true or false", "bool_type": "true or false", "string_type": "a string"}.get(e["type"])
+    if kind is not None:  # a wrong type: say what the key takes, with its range
+        f = _field_of(e["loc"])
+        rng = _valid_range(str(e["loc"][-1]), f) if f is not None else ""
+        return f"{where}: {key} = {_shown(e.get('input'))} must be {kind}" + (f": valid {rng}" if rng else "")
+    return f"{where}: {key} = {_shown(e.get('input'))}: {e['msg'].removeprefix('Value error, ')}"
 
 
 def _field_of(loc):
@@ -469,10 +496,17 @@ def _field_of(loc):
     return f
 
 
-def _validate(data: dict, where: str) -> Scenario:
+def _validate(data: dict, where: str, overrides: list[str] | None = None) -> Scenario:
+    """``data`` as a Scenario; a ConfigError blames the ``--set`` override that gave the bad key, else ``where``."""
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
+        key = ".".join(str(p) for p in err.errors()[0]["loc"])
+        for item in reversed(overrides or []):  # the last override of a key is the one that counts
+            k = item.split("=", 1)[0].strip()
+            if key == k or key.startswith(k + ".") or k.startswith(key + "."):
+                where = f"--set {item if len(item) <= 80 else item[:60] + f'... ({len(item)} characters)'}"
+                break
         raise ConfigError(_format_error(err, where)) from None
 
 
@@ -548,7 +582,7 @@ def load_scenario(path: str | None = None, overrides: list[str] | None = None) -
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{where}: invalid TOML: {err}") from None
     data = apply_overrides(data, overrides or [])
-    return _validate(data, where)
+    return _validate(data, where, overrides)
 
 
 def _valid_range(name: str, f) -> str:

@@ -206,9 +206,9 @@ def test_settings_the_simulator_would_ignore_are_errors(tmp_path, args, needle):
 
 
 @pytest.mark.parametrize("sets, needle", [
-    (["cluster.P=\"8\""], "cluster.P = '8': Input should be a valid integer"),
-    (["training.lr=\"0.5\""], "training.lr = '0.5': Input should be a valid number"),
-    (["cluster.P=8.0"], "cluster.P = 8.0: Input should be a valid integer"),
+    (["cluster.P=\"8\""], "cluster.P = '8' must be an integer: valid 1 <= P <= 65_536"),
+    (["training.lr=\"0.5\""], "training.lr = '0.5' must be a number: valid 0 < lr"),
+    (["cluster.P=8.0"], "cluster.P = 8.0 must be an integer: valid 1 <= P <= 65_536"),
     (["compression.layer_sizes=[\"320\", 320]"], "compression.layer_sizes.0 = '320'"),
 ])
 def test_strings_are_not_coerced_to_numbers(tmp_path, sets, needle):

@@ -385,3 +385,40 @@ def test_layer_table_costs_have_limits(tmp_path, cols, row, needle):
     ok = row.replace("1e308", "1e18").replace("2e18", "1e18").replace("1e200", "3600")
     path.write_text(f"{head}layer,tensor,numel,{cols}\nfc,fc.weight,100,{ok}\n")
     assert load_layer_table(path).d == 100
+
+
+# ---------------------------------------------------------------- #23: the scenario name, and who is blamed for a bad value
+
+
+def test_a_long_or_multiline_name_is_refused_at_once_and_a_mathtext_name_is_drawn_as_text(tmp_path):
+    from click.testing import CliRunner
+
+    from experiments.cli import main
+
+    for name, needle in (("a" * 201, "(this one: 201 characters)"), ("a\nb", "1 to 200 characters"),
+                         ("x" * 1_000_000, "... (1000002 characters)")):
+        r = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "r"), "--set", f"name={name!r}".replace("'", '"')])
+        assert r.exit_code == 2 and needle in r.stderr, r.stderr[:300]
+        assert len(r.stderr) < 400 and len(r.stderr.strip().splitlines()) == 1  # the value is cut, not echoed whole
+        assert not (tmp_path / "r").exists()
+    # "$x^$" is invalid mathtext: it used to be a matplotlib traceback after the whole run; now it is the title
+    r = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "m"), "--quiet", "--set", 'name="$x^$"',
+                                  "--set", "training.iterations=2"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "m" / "figure.png").stat().st_size > 0
+
+
+def test_a_bad_set_value_blames_the_set_not_the_scenario_file(tmp_path):
+    from click.testing import CliRunner
+
+    from experiments.cli import main
+
+    r = CliRunner().invoke(main, ["run", "--out", str(tmp_path / "r"), "--set", "cluster.P=abc"])
+    assert r.exit_code == 2
+    assert r.stderr.strip() == ("error: --set cluster.P=abc: cluster.P = 'abc' must be an integer: valid "
+                                "1 <= P <= 65_536")
+    # a value from the file itself is still the file's
+    f = tmp_path / "s.toml"
+    f.write_text("[cluster]\nP = 0\n")
+    r = CliRunner().invoke(main, ["run", str(f), "--out", str(tmp_path / "r"), "--set", "training.iterations=3"])
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {f}: cluster.P = 0 is out of range"), r.stderr
