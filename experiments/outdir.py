@@ -78,6 +78,18 @@ def check_out(out: Path, force: bool) -> None:
     if str(out).strip() in ("", ".", ".."):
         raise ConfigError(f"--out {str(out)!r} is not a usable output directory: name a new directory")
     out = Path(out)
+    if out.is_symlink():  # live, dangling or a loop: publish would replace the link, rmtree refuses it
+        try:
+            target = os.readlink(out)
+        except OSError:
+            target = "?"
+        raise ConfigError(f"--out {str(out)!r} is a symbolic link (to {target!r}): valid a directory path that is "
+                          "not a link; name the target itself")
+    name_max = _name_max(out)
+    longest = len(os.fsencode(out.name + ".partial"))
+    if longest > name_max:
+        raise ConfigError(f"--out {str(out)!r}: its last name is {len(os.fsencode(out.name))} bytes: valid at most "
+                          f"{name_max - len('.partial')} bytes (the file system's {name_max}, less '.partial')")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is an existing file: choose a directory path")
     _lock(out)
@@ -95,6 +107,18 @@ def check_out(out: Path, force: bool) -> None:
     except ConfigError:
         release(out)
         raise
+
+
+def _name_max(out: Path) -> int:
+    """Longest file name (bytes) in ``out``'s nearest existing parent directory (``pathconf PC_NAME_MAX``; 255 when
+    the system does not say)."""
+    parent = Path(os.path.abspath(out)).parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        return int(os.pathconf(parent, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):
+        return 255
 
 
 #: File in ``DIR.partial`` holding the settings of the sweep that may be resumed from it (:func:`partial_dir`).

@@ -422,3 +422,36 @@ def test_a_bad_set_value_blames_the_set_not_the_scenario_file(tmp_path):
     f.write_text("[cluster]\nP = 0\n")
     r = CliRunner().invoke(main, ["run", str(f), "--out", str(tmp_path / "r"), "--set", "training.iterations=3"])
     assert r.exit_code == 2 and r.stderr.startswith(f"error: {f}: cluster.P = 0 is out of range"), r.stderr
+
+
+# ---------------------------------------------------------------- #23: --out that is a link, or a name too long, before the run
+
+
+@pytest.mark.parametrize("make", ["link", "dangling", "loop", "long"])
+def test_out_links_and_long_names_are_refused_before_the_run(tmp_path, make):
+    import os
+
+    from click.testing import CliRunner
+
+    from experiments.cli import main
+
+    (tmp_path / "real").mkdir()
+    if make == "link":
+        out = tmp_path / "out"
+        out.symlink_to(tmp_path / "real")
+        needle = "is a symbolic link (to "
+    elif make == "dangling":
+        out = tmp_path / "out"
+        out.symlink_to(tmp_path / "nowhere")
+        needle = "is a symbolic link (to "
+    elif make == "loop":
+        out = tmp_path / "out"
+        out.symlink_to(out)
+        needle = "is a symbolic link (to "
+    else:
+        out = tmp_path / ("x" * 250)
+        needle = "its last name is 250 bytes: valid at most 247 bytes"
+    r = CliRunner().invoke(main, ["run", "--out", str(out), "--force", "--set", "training.iterations=100000"])
+    assert r.exit_code == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(os.listdir(tmp_path)) == sorted(["real"] + ([] if make == "long" else ["out"]))
+    assert not any((tmp_path / "real").iterdir())
