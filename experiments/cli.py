@@ -63,7 +63,14 @@ class _OneLineErrors(click.Group):
         except click.ClickException as err:
             click.echo(f"error: {err.format_message()}", err=True)
             sys.exit(err.exit_code)
-        except click.exceptions.Abort:
+        except click.exceptions.Abort as err:
+            if isinstance(err.__cause__, KeyboardInterrupt):  # Ctrl-C: the shell convention, 128 + SIGINT
+                from .outdir import PUBLISHED
+
+                done = f" after {', '.join(repr(str(d)) for d in PUBLISHED)} was written (complete; it stays)" \
+                    if PUBLISHED else "; nothing was written"
+                click.echo(f"interrupted{done}", err=True)
+                sys.exit(130)
             click.echo("aborted", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)

@@ -34,6 +34,10 @@ __all__ = ["MARKER", "file_record", "verify_record", "check_out", "lock_path", "
 MARKER = ".sparsim-output"
 
 
+#: Directories this process has published (:func:`publish`), in order: an interrupt after one of them says it
+#: is complete (the CLI's exit 130 message) instead of implying that nothing was written.
+PUBLISHED: list[Path] = []
+
 #: Locks this process holds, by output directory (absolute path); released by :func:`publish`.
 _LOCKS: dict[str, FileLock] = {}
 
@@ -168,6 +172,7 @@ def publish(tmp: Path, out: Path) -> Path:
     elif out.exists():
         out.unlink()
     Path(tmp).rename(out)
+    PUBLISHED.append(out)
     release(out)
     return out
 

@@ -455,3 +455,47 @@ def test_out_links_and_long_names_are_refused_before_the_run(tmp_path, make):
     assert r.exit_code == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert sorted(os.listdir(tmp_path)) == sorted(["real"] + ([] if make == "long" else ["out"]))
     assert not any((tmp_path / "real").iterdir())
+
+
+# ---------------------------------------------------------------- #23: Ctrl-C exits 130 and says what is left
+
+
+def test_ctrl_c_after_the_directory_is_published_says_it_is_complete(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    import experiments.run_summary as rs
+    from experiments import outdir
+    from experiments.cli import main
+
+    monkeypatch.setattr(outdir, "PUBLISHED", [])
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rs, "summary_lines", interrupted)  # the SIGINT lands while the summary is printed
+    out = tmp_path / "r"
+    r = CliRunner().invoke(main, ["run", "--out", str(out), "--set", "training.iterations=3"])
+    assert r.exit_code == 130
+    assert r.stderr.strip().splitlines()[-1] == f"interrupted after {str(out)!r} was written (complete; it stays)"
+    assert (out / "metrics.csv").exists() and not (tmp_path / "r.partial").exists()
+
+
+def test_ctrl_c_during_a_run_exits_130_and_leaves_nothing(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", "--out", str(out), "--jobs", "1",
+                             "--set", "training.iterations=10000000", "--yes"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "r.partial").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1].decode()
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == "interrupted; nothing was written"
+    assert not out.exists() and not (tmp_path / "r.partial").exists()
