@@ -16,11 +16,17 @@ import numpy as np
 from sim.base.errors import ConfigError, SparsimError, check_int, check_real
 from sim.base.ops import COMPUTE_KINDS
 
-__all__ = ["JITTERS", "ComputeModel", "MAX_FORWARD_BACKWARD_S", "MAX_COEFF_S", "MAX_STRAGGLER_FACTOR",
-           "MAX_JITTER_SCALE"]
+__all__ = ["JITTERS", "SELECT_SCALINGS", "ComputeModel", "MAX_FORWARD_BACKWARD_S", "MAX_COEFF_S",
+           "MAX_STRAGGLER_FACTOR", "MAX_JITTER_SCALE"]
 
 #: Valid values of :attr:`ComputeModel.jitter`.
 JITTERS = ("none", "lognormal", "exponential")
+
+#: Valid values of :attr:`ComputeModel.select_scaling`: how a selection's seconds grow with the x elements it
+#: scans. ``"x log2 x"``: ``select_coeff_s * x * log2(x)`` (the gTop-k authors' fit on a P102-100);
+#: ``"x"``: ``select_coeff_s * x`` (a memory-bound selection: passes over the x values at the device's memory
+#: bandwidth, :meth:`sim.workloads.model.DeviceModel.costs`).
+SELECT_SCALINGS = ("x log2 x", "x")
 
 #: Upper limits of the model's parameters, where no physical value is larger (the scenario keys
 #: compute.* state the same limits): one hour of forward + backward per step and worker (s); one second
@@ -57,9 +63,13 @@ class ComputeModel:
         straggler_prob: probability in [0, 1] that a worker straggles in an iteration.
         straggler_factor: multiplier of a straggler's forward/backward time, 1 <= factor <= 1000
             (:data:`MAX_STRAGGLER_FACTOR`).
-        select_coeff_s: seconds per ``x log2 x`` of a top-k selection over ``x`` elements,
-            ``t = c x log2 x``; default 2.19e-10 s, the gTop-k authors' fit on a P102-100 GPU
-            (ICDCS 2019 released scripts, see docs/costs.md). Finite, 0 <= select_coeff_s <= 1 (:data:`MAX_COEFF_S`).
+        select_coeff_s: the cost of a top-k selection over ``x`` elements: ``t = c x log2 x`` (seconds per
+            ``x log2 x``) with ``select_scaling = "x log2 x"``, ``t = c x`` (seconds per element) with ``"x"``;
+            default 2.19e-10 s per x log2 x, the gTop-k authors' fit on a P102-100 GPU (ICDCS 2019 released
+            scripts, see docs/costs.md). Finite, 0 <= select_coeff_s <= 1 (:data:`MAX_COEFF_S`); 0 makes
+            selections free in either scaling (the timeline's collective timer relies on it).
+        select_scaling: ``"x log2 x"`` (default) or ``"x"`` (:data:`SELECT_SCALINGS`); a device's cost model
+            chooses it (:meth:`sim.workloads.model.DeviceModel.costs`, docs/costs-per-device.md).
         merge_coeff_s: seconds per element merged (sparse add + top-k over the union), 0 <= . <= 1.
         reduce_coeff_s: seconds per element added in a dense reduction, 0 <= . <= 1.
         update_coeff_s: seconds per parameter updated, 0 <= . <= 1.
@@ -75,6 +85,7 @@ class ComputeModel:
     straggler_prob: float = 0.0
     straggler_factor: float = 1.0
     select_coeff_s: float = 2.19e-10
+    select_scaling: str = "x log2 x"
     merge_coeff_s: float = 0.0
     reduce_coeff_s: float = 0.0
     update_coeff_s: float = 0.0
@@ -89,6 +100,9 @@ class ComputeModel:
         _check_real("straggler_factor", self.straggler_factor, 1, MAX_STRAGGLER_FACTOR)
         for name in ("select_coeff_s", "merge_coeff_s", "reduce_coeff_s", "update_coeff_s"):
             _check_real(name, getattr(self, name), 0, MAX_COEFF_S)
+        if self.select_scaling not in SELECT_SCALINGS:
+            raise ConfigError(f"select_scaling = {self.select_scaling!r} is unknown: valid "
+                              f"{' or '.join(repr(s) for s in SELECT_SCALINGS)}")
         _check_nonneg_int("seed", self.seed, err=ConfigError)
 
     def forward_backward_factor(self, rank: int, iteration: int) -> float:
@@ -127,7 +141,8 @@ class ComputeModel:
         - ``"forward_backward"``: ``forward_backward_s * forward_backward_factor(rank, iteration)``
           (``work``, the local batch in samples, is validated but not used: ``forward_backward_s``
           is already the time at the configured batch).
-        - ``"select"``: ``select_coeff_s * x * log2(x)`` with ``x = work`` elements; 0 for x <= 1.
+        - ``"select"``: ``select_coeff_s * x * log2(x)`` (``select_scaling = "x log2 x"``) or
+          ``select_coeff_s * x`` (``"x"``) with ``x = work`` elements; 0 for x <= 1 (nothing to choose from).
         - ``"merge"``: ``merge_coeff_s * work``; ``"reduce"``: ``reduce_coeff_s * work``;
           ``"update"``: ``update_coeff_s * work``.
 
@@ -145,7 +160,9 @@ class ComputeModel:
         _check_nonneg_int("rank", rank)
         _check_nonneg_int("iteration", iteration)
         if kind == "select":
-            return self.select_coeff_s * x * math.log2(x) if x > 1 else 0.0
+            if x <= 1:
+                return 0.0
+            return self.select_coeff_s * x * math.log2(x) if self.select_scaling == "x log2 x" else self.select_coeff_s * x
         if kind == "merge":
             return self.merge_coeff_s * x
         if kind == "reduce":
@@ -157,7 +174,8 @@ class ComputeModel:
 
         work: a real >= 0 or a float/int array (P,) of per-rank work. Returns a float (every rank the same)
         or a float array (P,) in seconds, equal to ``[seconds(kind, work[r], r, iteration) for r in range(P)]``
-        up to the last bit of ``log2``. Raises SparsimError for an unknown kind.
+        up to the last bit of ``log2`` (``select_scaling = "x log2 x"``; bit for bit for every other kind and
+        for ``"x"``). Raises SparsimError for an unknown kind.
         """
         if kind not in COMPUTE_KINDS:
             raise SparsimError(f"kind = {kind!r} is unknown: valid kinds are {', '.join(COMPUTE_KINDS)}")
@@ -169,8 +187,11 @@ class ComputeModel:
             if np.ndim(work) == 0:
                 return self.seconds(kind, work, 0, iteration)
             x = np.asarray(work, dtype=np.float64)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                out = np.where(x > 1, self.select_coeff_s * x * np.log2(np.maximum(x, 1.0)), 0.0)
+            if self.select_scaling == "x":
+                out = np.where(x > 1, self.select_coeff_s * x, 0.0)
+            else:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    out = np.where(x > 1, self.select_coeff_s * x * np.log2(np.maximum(x, 1.0)), 0.0)
             return float(out) if out.ndim == 0 else out
         coeff = {"merge": self.merge_coeff_s, "reduce": self.reduce_coeff_s, "update": self.update_coeff_s}[kind]
         return coeff * work
