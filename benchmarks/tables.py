@@ -275,6 +275,34 @@ def topk() -> str:
          "new / x.copy()", "new / np.copyto", "argpartition / new", "old / new"], body)
 
 
+def select_passes() -> str:
+    """Passes over memory of a top-k selection and a dense add on this CPU (``benchmarks/bench_select_passes.py``):
+    2 x time / time of a copy per d, the mean of the numpy path beyond the cache (the presets' SELECT_PASSES), and
+    the pass count the P102-100 fit implies at ResNet-50's d on that GPU's bandwidth (from the preset)."""
+    sys.path.insert(0, str(ROOT))
+    from sim.workloads.devices import get_device
+    from sim.workloads.model import SELECT_PASSES
+
+    rs = rows("select_passes")
+    p = {(r["d"], r["method"]): float(r["passes"]) for r in rs}
+    ns = {(r["d"], r["method"]): float(r["ns_per_element_best"]) for r in rs}
+    cols = ("read", "reduce", "topk_numpy", "topk_numba", "torch_topk")
+    body = [[f"{int(d):,}", f"{ns[(d, 'copy')] / 2:.3f}", *(f"{p[(d, m)]:.2f}" if (d, m) in p else "" for m in cols)]
+            for d in dict.fromkeys(r["d"] for r in rs)]
+    beyond = [p[(d, "topk_numpy")] for d in dict.fromkeys(r["d"] for r in rs) if int(d) >= 10**8 and (d, "topk_numpy") in p]
+    dev = get_device("P102-100")
+    d = 25_557_032
+    fit = dev.select_coeff_s * d * math.log2(d)
+    one = d * 4 / dev.mem_Bps
+    return provenance("select_passes") + "\n\n" + table(
+        ["d", "pass (ns per element)", "x.max()", "a += b", "**topk, numpy path**", "topk, numba kernel",
+         "torch.topk(x.abs()), CPU"], body) + (
+        f"\n\nPasses = 2 x time / time of `np.copyto` (a copy is one read and one write). Mean of the numpy path at "
+        f"d >= 1e8 (beyond the 300 MiB L3): **{statistics.mean(beyond):.2f}** passes; the presets use "
+        f"`SELECT_PASSES = {SELECT_PASSES:g}`. The P102-100 fit, 2.19e-10 s x d log2 d at d = {d:,}: "
+        f"{1e3 * fit:.1f} ms, against {1e3 * one:.3f} ms per pass at 0.87 x 440.3 GB/s: **{fit / one:.0f} passes**.")
+
+
 _MERGE_CASE = {"merge": "merge", "merge+survive": "merge + survival lookup", "allgather_sum": "allgather sum",
                "gtopk_rd_iteration": "gTop-k RD iteration, simulated"}
 
@@ -505,6 +533,7 @@ def stale() -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    "select-passes": (select_passes, "benchmarks/results/select_passes.csv"),
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a block is out of date")
     ap.add_argument("--list", action="store_true", help="list the blocks, their sources and pages")
     a = ap.parse_args(argv)

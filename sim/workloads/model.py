@@ -1,7 +1,7 @@
 """The workload data model: parameter tensors, per-layer costs, device models.
 
 Units: FLOPs per sample (one forward or backward pass over one input sample: an image, a sequence);
-seconds (s); FLOP/s.
+seconds (s); FLOP/s; bytes/s (memory bandwidth).
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import numpy as np
 
 from sim.base.errors import ConfigError, check_int, check_real
 
-__all__ = ["ParamTensor", "LayerCost", "DeviceModel", "Workload", "MAX_LAYER_S", "MAX_LAYER_FLOPS"]
+__all__ = ["ParamTensor", "LayerCost", "DeviceModel", "KindCost", "Workload", "MAX_LAYER_S", "MAX_LAYER_FLOPS",
+           "SELECT_PASSES", "REDUCE_PASSES", "UPDATE_PASSES", "DEFAULT_MEM_EFFICIENCY", "COST_KINDS"]
 
 
 @dataclass(frozen=True)
@@ -63,27 +64,172 @@ class LayerCost:
                 check_real(f"{f} of layer {self.name!r}", getattr(self, f), 0, MAX_LAYER_S, err=ConfigError)
 
 
+#: Passes over memory of one top-k selection of k of x values (a pass moves the x values' bytes once, read or
+#: write): :func:`sim.comm.compression.topk`'s numpy path (sampled threshold, abs, compare, compaction, exact
+#: selection among the candidates: the elementwise operations a GPU implementation built from tensor operations
+#: runs) at k/d = 1e-3, float32, timed against ``np.copyto`` (2 passes) by ``benchmarks/bench_select_passes.py``:
+#: 9.0, the mean over d = 1e8 and 2e8 (beyond the 300 MiB L3 of the VM it ran on; 9.05 in the committed
+#: ``benchmarks/results/select_passes.csv``, 9.00 in an earlier run), rounded to two digits; docs/costs-per-device.md.
+#: The same project's fused numba kernel makes 2.5 passes; ``torch.topk(x.abs())`` on a GPU, counted from
+#: pytorch/pytorch#167462's figures, 6 to 8.
+SELECT_PASSES = 9.0
+
+#: Passes over memory of a dense reduction ``a += b`` per element (two reads and a write; ``np.add(b, x, out=b)``
+#: measured 2.9 and 3.0 at d = 1e8 and 2e8 by the same benchmark) and of an SGD update ``w -= lr g`` per parameter
+#: (read w and g, write w).
+REDUCE_PASSES = 3
+UPDATE_PASSES = 3
+
+#: Fraction of a device's datasheet memory bandwidth that a streaming kernel reaches: 0.87, as a measured
+#: device-to-device copy on an A100 40 GB (1355 of 1555 GB/s; PTsolvers/gpu-workshop-JuliaCon23 issue 7) and
+#: cub's BabelStream kernels (87-88 % of peak; NVIDIA/cccl pull request 9881).
+DEFAULT_MEM_EFFICIENCY = 0.87
+
+#: Valid range of :attr:`DeviceModel.select_passes`: a selection reads every value at least once, and 1000 is
+#: beyond the slowest selection on record here (the P102-100 fit implies about 516 passes at d = 25.6M).
+MIN_SELECT_PASSES, MAX_SELECT_PASSES = 1.0, 1000.0
+#: Largest memory bandwidth (bytes/s) a device may state: 1 PB/s (an H200 has 4.8e12, a B200 8e12).
+MAX_MEM_BANDWIDTH_BPS = 1e15
+#: Largest measured coefficient (s per element, or per x log2 x): one second, the limit of the scenario keys
+#: compute.*_coeff_s (:data:`sim.machine.compute.MAX_COEFF_S`; sim.workloads does not import sim.machine).
+MAX_DEVICE_COEFF_S = 1.0
+
+#: The compute kinds a device's cost model prices (forward and backward come from FLOPs or measured seconds),
+#: each with the unit of its work.
+COST_KINDS = {"select": "x log2 x", "merge": "element merged", "reduce": "element added", "update": "parameter"}
+
+
+@dataclass(frozen=True)
+class KindCost:
+    """The cost of one compute kind on a device: ``coeff_s`` seconds per unit of work, the unit given by
+    ``scaling`` (``"x log2 x"``: a selection over x elements costs coeff_s x log2 x, the gTop-k papers' fit;
+    ``"x"``: coeff_s per element, the memory model); ``model``: the formula that gives it; ``source``: where its
+    figures come from; ``passes``: passes over memory per element in the memory model (None for a measured
+    coefficient)."""
+
+    coeff_s: float
+    scaling: str
+    model: str
+    source: str
+    passes: float | None = None
+
+
 @dataclass(frozen=True)
 class DeviceModel:
-    """A device as peak FLOP/s times an achieved fraction: seconds = FLOPs / (peak_flops * efficiency).
+    """A device: peak FLOP/s times an achieved fraction for forward and backward, and a memory model for the
+    selection, merge, reduction and update costs of S-SGD.
 
-    peak_flops: the device's peak (FLOP/s, > 0) for the precision it trains in. efficiency: the fraction
-    of peak a training step achieves, 0 < efficiency <= 1. source: where the peak comes from.
+    Compute: seconds = FLOPs / (peak_flops * efficiency). peak_flops: the device's peak (FLOP/s, > 0) for the
+    precision it trains in. efficiency: the fraction of peak a training step achieves, 0 < efficiency <= 1.
+    source: where the peak comes from.
+
+    Costs (:meth:`costs`, the compute model's ``select``, ``merge``, ``reduce`` and ``update`` kinds), per kind
+    either a measured coefficient or the memory model
+
+        seconds = passes x work x value_bytes / (mem_bandwidth_Bps x mem_efficiency)
+
+    with passes = ``select_passes`` (selection over x elements), ``2 (value_bytes + index_bytes) / value_bytes
+    + select_passes`` (merge: read both sparse inputs and write their union, then select among it),
+    :data:`REDUCE_PASSES` (dense add) and :data:`UPDATE_PASSES` (SGD update). Fields:
+
+    - mem_bandwidth_Bps: datasheet memory bandwidth (bytes/s), 0 < . <= 1e15; None: no memory model (every
+      kind must then have a measured coefficient for :meth:`costs`).
+    - mem_efficiency: fraction of it a streaming kernel reaches, 0 < . <= 1 (default
+      :data:`DEFAULT_MEM_EFFICIENCY`).
+    - select_passes: passes over memory of one top-k selection, 1 <= . <= 1000 (default :data:`SELECT_PASSES`,
+      measured on a CPU).
+    - select_coeff_s: a measured selection cost, seconds per x log2 x (the form of the gTop-k papers' fit and of
+      ``benchmarks/gpu_check.py``'s ``torch_select_coeff_s``), 0 <= . <= 1; replaces the memory model for
+      selections. None: the memory model.
+    - merge_coeff_s, reduce_coeff_s, update_coeff_s: measured seconds per element merged / added / parameter
+      updated, 0 <= . <= 1; each replaces the memory model for its kind. None: the memory model.
+    - cost_source: where mem_bandwidth_Bps and any measured coefficient come from (printed with the costs).
+
+    Raises ConfigError (one line naming the field, the value and the valid range) for a value out of range.
     """
 
     name: str
     peak_flops: float
     efficiency: float
     source: str = ""
+    mem_bandwidth_Bps: float | None = None
+    mem_efficiency: float = DEFAULT_MEM_EFFICIENCY
+    select_passes: float = SELECT_PASSES
+    select_coeff_s: float | None = None
+    merge_coeff_s: float | None = None
+    reduce_coeff_s: float | None = None
+    update_coeff_s: float | None = None
+    cost_source: str = ""
 
     def __post_init__(self):
         check_real(f"peak_flops of device {self.name!r}", self.peak_flops, 0, lo_open=True, err=ConfigError)
         check_real(f"efficiency of device {self.name!r}", self.efficiency, 0, 1, lo_open=True, err=ConfigError)
+        if self.mem_bandwidth_Bps is not None:
+            check_real(f"mem_bandwidth_Bps of device {self.name!r}", self.mem_bandwidth_Bps, 0,
+                       MAX_MEM_BANDWIDTH_BPS, lo_open=True, err=ConfigError)
+        check_real(f"mem_efficiency of device {self.name!r}", self.mem_efficiency, 0, 1, lo_open=True, err=ConfigError)
+        check_real(f"select_passes of device {self.name!r}", self.select_passes, MIN_SELECT_PASSES, MAX_SELECT_PASSES,
+                   err=ConfigError)
+        for f in ("select_coeff_s", "merge_coeff_s", "reduce_coeff_s", "update_coeff_s"):
+            if getattr(self, f) is not None:
+                check_real(f"{f} of device {self.name!r}", getattr(self, f), 0, MAX_DEVICE_COEFF_S, err=ConfigError)
 
     @property
     def flops_per_s(self) -> float:
         """Achieved FLOP/s: peak_flops * efficiency."""
         return self.peak_flops * self.efficiency
+
+    @property
+    def mem_Bps(self) -> float | None:
+        """Achieved memory bandwidth (bytes/s): mem_bandwidth_Bps * mem_efficiency; None without a bandwidth."""
+        return None if self.mem_bandwidth_Bps is None else self.mem_bandwidth_Bps * self.mem_efficiency
+
+    def passes(self, kind: str, value_bytes: int = 4, index_bytes: int = 4) -> float:
+        """Passes over memory per unit of ``kind``'s work in the memory model (class docstring): select_passes,
+        2 (value_bytes + index_bytes) / value_bytes + select_passes, REDUCE_PASSES or UPDATE_PASSES. A pass moves
+        value_bytes per element. Raises ConfigError for an unknown kind or bytes outside [1, 16] (values) /
+        [0, 16] (indices)."""
+        vb = check_int("value_bytes", value_bytes, 1, 16, err=ConfigError)
+        ib = check_int("index_bytes", index_bytes, 0, 16, err=ConfigError)
+        if kind == "select":
+            return self.select_passes
+        if kind == "merge":
+            return 2 * (vb + ib) / vb + self.select_passes
+        if kind == "reduce":
+            return float(REDUCE_PASSES)
+        if kind == "update":
+            return float(UPDATE_PASSES)
+        raise ConfigError(f"kind = {kind!r} has no device cost: valid kinds are {', '.join(COST_KINDS)}")
+
+    def costs(self, value_bytes: int = 4, index_bytes: int = 4) -> dict[str, KindCost]:
+        """The cost of each of :data:`COST_KINDS` on this device: kind -> :class:`KindCost`.
+
+        A kind with a measured coefficient (``select_coeff_s``: per x log2 x; the others: per element) gets it;
+        the others the memory model, coeff_s = passes(kind) x value_bytes / (mem_bandwidth_Bps x mem_efficiency)
+        seconds per element (scaling ``"x"``). value_bytes: bytes per value (1..16), index_bytes: per index
+        (0..16), as the scenario's compression.value_bytes / index_bytes. Raises ConfigError when a kind has
+        neither a coefficient nor a memory bandwidth, or for bytes out of range.
+        """
+        out = {}
+        for kind in COST_KINDS:
+            measured = getattr(self, f"{kind}_coeff_s")
+            if measured is not None:
+                scaling = "x log2 x" if kind == "select" else "x"
+                out[kind] = KindCost(float(measured), scaling, f"{float(measured):.3g} s x {scaling}",
+                                     f"{self.name}, measured: {self.cost_source}")
+                continue
+            if self.mem_bandwidth_Bps is None:
+                raise ConfigError(f"device {self.name!r} has no {kind}_coeff_s and no mem_bandwidth_Bps: valid a "
+                                  f"measured {kind}_coeff_s or a memory bandwidth 0 < mem_bandwidth_Bps <= 1e15 bytes/s")
+            p = self.passes(kind, value_bytes, index_bytes)
+            c = p * value_bytes / self.mem_Bps
+            out[kind] = KindCost(c, "x", f"{p:.3g} passes x {value_bytes} B / ({self.mem_efficiency:g} x "
+                                         f"{self.mem_bandwidth_Bps:.3g} B/s) = {c:.3g} s x x",
+                                 f"{self.name} memory model: {self.cost_source}; passes per element: selection "
+                                 f"{self.select_passes:g} (measured on a CPU, benchmarks/bench_select_passes.py), merge "
+                                 f"2 (value + index bytes) / value bytes + selection, reduce {REDUCE_PASSES}, update "
+                                 f"{UPDATE_PASSES}", p)
+        return out
 
 
 @dataclass(frozen=True)
