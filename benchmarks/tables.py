@@ -469,6 +469,7 @@ BLOCKS: dict[str, tuple[Callable[[], str], str]] = {
     "fidelity-d1e7-rerun": (fidelity_d1e7_rerun, "benchmarks/results/fidelity_d1e7_rerun.csv"),
     "fidelity-d1e5": (fidelity_d1e5, "benchmarks/results/fidelity_d1e5.csv"),
     "topk": (topk, "benchmarks/results/topk.csv"),
+    "select-passes": (select_passes, "benchmarks/results/select_passes.csv"),
     "merge": (merge, "benchmarks/results/merge.csv, merge_sum_glibc.csv"),
     "default-run": (default_run, "benchmarks/results/default_run*.csv"),
     "event-overhead": (event_overhead, "benchmarks/results/event_overhead.csv, event_overhead_small_d.csv"),
@@ -533,7 +534,6 @@ def stale() -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    "select-passes": (select_passes, "benchmarks/results/select_passes.csv"),
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a block is out of date")
     ap.add_argument("--list", action="store_true", help="list the blocks, their sources and pages")
     a = ap.parse_args(argv)

@@ -13,12 +13,11 @@ import math
 
 from sim.workloads.data import load_dataset, shard_indices
 from sim.base.errors import ConfigError
-from sim.machine.compute import ComputeModel
 from sim.machine.topology import CLUSTER_PRESETS, ClusterSpec
 from sim.workloads.objectives import make_objective
 from sim.engine.runner import Workers
 
-from .resolve import algorithm_specs, build_network, timeline_clock, timeline_policy
+from .resolve import algorithm_specs, build_network, resolve_compute, resolve_device, timeline_clock, timeline_policy
 from .resources import data_bytes_dataset, data_bytes_synthetic
 from .run_net import net_data_bytes
 from .scenario import Scenario
@@ -93,7 +92,7 @@ class Built:
             raise ConfigError(f"compression.k = {self.k} is out of range: valid 1 <= k <= d = {self.d}")
         self.network = build_network(sc.cluster, timing_only=bool(sc.model.name))
         G = self.network.gpus_per_node if isinstance(self.network, ClusterSpec) else 1
-        self.compute = ComputeModel(seed=sc.seed, **sc.compute.model_dump())
+        self.compute = resolve_compute(sc, resolve_device(sc) if sc.model.name else None)
         self.x0 = obj.x0(sc.seed)
         c = sc.compression
         self.specs = algorithm_specs(sc, self.k, G)

@@ -19,7 +19,7 @@ from sim.machine.topology import CLUSTER_PRESETS, ClusterSpec, get_cluster_prese
 from .scenario import Scenario
 
 __all__ = ["algorithm_specs", "build_network", "network_summary", "timeline_policy", "resolve_device",
-           "resolve_workload", "timeline_clock"]
+           "resolve_workload", "timeline_clock", "compute_costs", "resolve_compute"]
 
 
 def algorithm_specs(sc: Scenario, k: int, G: int) -> list[AlgorithmSpec]:
@@ -120,6 +120,31 @@ def resolve_device(sc: Scenario):
     if w.efficiency is not None:
         dev = dataclasses.replace(dev, efficiency=w.efficiency)
     return dev
+
+
+def compute_costs(sc: Scenario, dev) -> dict:
+    """The selection, merge, reduction and update costs of a run on device ``dev`` (its DeviceModel, or None: a
+    [data] objective run, a measured layer table): :meth:`experiments.scenario.ComputeCfg.costs` at the scenario's
+    compression.value_bytes / index_bytes. A compute.*_coeff_s key set in the scenario wins over the device's
+    model; with no device the unset keys take the gTop-k papers' model (2.19e-10 s x x log2 x, nothing else).
+    Returns kind -> {"coeff_s", "scaling", "model", "from"} (summary.json's ``resolved.compute_costs``). Raises
+    ConfigError when the device prices no cost for a kind the scenario leaves unset."""
+    c = sc.compression
+    return sc.compute.costs(dev, c.value_bytes, c.index_bytes)
+
+
+def resolve_compute(sc: Scenario, dev):
+    """The run's :class:`sim.machine.compute.ComputeModel`: the scenario's [compute] keys (forward_backward_s,
+    jitter, stragglers) and seed, with the selection, merge, reduction and update costs of :func:`compute_costs` on
+    ``dev`` (a DeviceModel, or None). Every run kind builds its compute model here, so no cost key is read one way
+    by one run and another way by another. Raises ConfigError as ComputeModel and compute_costs do."""
+    from sim.machine.compute import ComputeModel
+
+    costs = compute_costs(sc, dev)
+    keys = type(sc.compute).COST_KEYS
+    kw = {k: v for k, v in sc.compute.model_dump().items() if k not in keys.values()}
+    kw.update({keys[kind]: c["coeff_s"] for kind, c in costs.items()})
+    return ComputeModel(seed=sc.seed, select_scaling=costs["select"]["scaling"], **kw)
 
 
 def resolve_workload(sc: Scenario):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .resolve import compute_costs
 from .scenario import Scenario
 
 __all__ = ["net_data_bytes", "net_resolved", "write_net_trace", "activation_bytes", "TORCH_NET_CLOCK"]
@@ -93,6 +94,7 @@ def net_resolved(sc: Scenario, built, backend: str = "sim") -> dict:
                      "input": wl.input, "source": wl.source, "forward_s": float(fwd.sum()),
                      "backward_s": float(bwd.sum()),
                      "device": None if clock.device is None else dataclasses.asdict(clock.device)},
+        "compute_costs": compute_costs(sc, clock.device),
         "data": {"name": ds.name, "path": ds.path, "n_train": int(ds.y_train.shape[0]),
                  "n_test": int(ds.y_test.shape[0]), "source": ds.source},
         "policy": dataclasses.asdict(clock.policy),

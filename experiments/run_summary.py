@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["summary_lines"]
+__all__ = ["summary_lines", "costs_lines"]
 
 
 def summary_lines(path: Path) -> Iterator[str]:
@@ -62,6 +62,8 @@ def _net_lines(r: dict, s: dict) -> Iterator[str]:
     yield (f"{w['name']}: d = {w['parameters']:,} parameters; forward {1e3 * w['forward_s']:.3g} ms + backward "
            f"{1e3 * w['backward_s']:.3g} ms per iteration" + (f" on {dev['name']}" if dev else "")
            + f"; data {r['data']['name']} ({r['data']['n_train']:,} train / {r['data']['n_test']:,} test images)")
+    if "compute_costs" in r:
+        yield from costs_lines(r["compute_costs"])
     yield (f"{'algorithm':<20}{'iter ms':>10}{'compute':>9}{'exposed':>9}{'select':>9}{'overlap':>8}{'iters':>7}"
            f"{'sim time s':>11}{'train loss':>11}{'test acc':>9}{'max delta':>10}")
     for name, t in s["totals"].items():
@@ -74,6 +76,23 @@ def _net_lines(r: dict, s: dict) -> Iterator[str]:
                f"{_fixed(1e3 * exposed, 9, 3)}{_fixed(1e3 * t['mean_compress_s'], 9, 3)}"
                f"{min(1.0, max(0.0, overlap)):>8.0%}{t['iterations']:>7}{_fixed(t['sim_time_s'], 11, 3)}"
                f"{_fixed(t['final_loss'], 11, 4)}{'' if acc is None else f'{acc:.4f}':>9}{md:>10}")
+
+
+def costs_lines(costs: dict) -> list[str]:
+    """The lines saying which cost model priced a run's selections, merges, reductions and updates, from
+    summary.json's ``resolved.compute_costs`` (:func:`experiments.resolve.compute_costs`): ``costs: select <coeff>,
+    merge ..., reduce ..., update ...`` (seconds per x log2 x or per element, with the memory model's passes),
+    then one line per source naming the kinds it priced (the scenario's key, the device's memory model or measured
+    fit, or the default). Returns the lines (without newlines)."""
+    def one(c):
+        per = "x log2 x" if c["scaling"] == "x log2 x" else "element"
+        return f"{c['coeff_s']:.3g} s/{per}" + (f" ({c['passes']:.3g} passes)" if c.get("passes") is not None else "")
+
+    head = "costs: " + ", ".join(f"{kind} {one(c)}" for kind, c in costs.items())
+    by_source = {}
+    for kind, c in costs.items():
+        by_source.setdefault(c["source"], []).append(kind)
+    return [head, *(f"  {', '.join(kinds)}: {src}" for src, kinds in by_source.items())]
 
 
 def _fixed(x: float, width: int, prec: int) -> str:
@@ -94,6 +113,8 @@ def _workload_lines(path: Path, s: dict) -> Iterator[str]:
     yield (f"{w['name']}: d = {w['parameters']:,} parameters in {w['tensors']} tensors, {w['layers']} layers; "
            f"forward {1e3 * w['forward_s']:.2f} ms + backward {1e3 * w['backward_s']:.2f} ms per iteration"
            + (f" on {dev['name']} ({dev['peak_flops'] / 1e12:g} TFLOP/s x {dev['efficiency']:g})" if dev else " (measured)"))
+    if "compute_costs" in r:
+        yield from costs_lines(r["compute_costs"])
     pol = r["policy"]
     net = r["network"]
     yield (f"P = {r['P']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}), network {s['scenario']['cluster']['network']}: "

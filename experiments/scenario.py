@@ -17,7 +17,7 @@ from sim.machine.compute import MAX_COEFF_S, MAX_FORWARD_BACKWARD_S, MAX_JITTER_
 from sim.base.errors import ConfigError
 from sim.machine.network import MAX_QUANTUM_S
 
-__all__ = ["Scenario", "used_keys_dump", "load_scenario", "apply_overrides", "DEFAULT_SCENARIO_TEXT", "scenario_keys", "option_overrides",
+__all__ = ["Scenario", "used_keys_dump", "cost_device", "load_scenario", "apply_overrides", "DEFAULT_SCENARIO_TEXT", "scenario_keys", "option_overrides",
            "MAX_REGULARISER"]
 
 #: Largest weight of data.lam and data.mu: a regulariser 10^6 times the data term (whose per-sample losses are
@@ -97,10 +97,51 @@ class ComputeCfg(_Strict):
     jitter_scale: float = Field(0.0, ge=0, le=MAX_JITTER_SCALE, description="lognormal sigma, or exponential mean extra as a fraction")
     straggler_prob: float = Field(0.0, ge=0, le=1, description="probability a worker straggles in an iteration")
     straggler_factor: float = Field(1.0, ge=1, le=MAX_STRAGGLER_FACTOR, description="compute-time multiplier of a straggler")
-    select_coeff_s: float = Field(2.19e-10, ge=0, le=MAX_COEFF_S, description="top-k selection: seconds per x*log2(x), x = d")
-    merge_coeff_s: float = Field(0.0, ge=0, le=MAX_COEFF_S, description="gTop-k merge: seconds per element merged")
-    reduce_coeff_s: float = Field(0.0, ge=0, le=MAX_COEFF_S, description="dense reduction: seconds per element added")
-    update_coeff_s: float = Field(0.0, ge=0, le=MAX_COEFF_S, description="parameter update: seconds per parameter")
+    select_coeff_s: float | None = Field(None, ge=0, le=MAX_COEFF_S, description="top-k selection: seconds per x*log2(x), x = elements scanned; "
+                                                                             "unset: the device's cost model (workload.device) in a workload or [model] run, "
+                                                                             "else 2.19e-10 (the gTop-k authors' P102-100 fit)")
+    merge_coeff_s: float | None = Field(None, ge=0, le=MAX_COEFF_S, description="gTop-k merge: seconds per element merged; unset: the device's cost model, else 0")
+    reduce_coeff_s: float | None = Field(None, ge=0, le=MAX_COEFF_S, description="dense reduction: seconds per element added; unset: the device's cost model, else 0")
+    update_coeff_s: float | None = Field(None, ge=0, le=MAX_COEFF_S, description="parameter update: seconds per parameter; unset: the device's cost model, else 0")
+
+    #: compute kind -> the key that sets its cost (docs/costs-per-device.md)
+    COST_KEYS: ClassVar[dict[str, str]] = {"select": "select_coeff_s", "merge": "merge_coeff_s",
+                                           "reduce": "reduce_coeff_s", "update": "update_coeff_s"}
+    #: a cost key's value where neither the scenario nor a device gives one: the gTop-k papers' model (their
+    #: P102-100 selection fit, Shi et al., ICDCS 2019; nothing else charged)
+    DEFAULT_COSTS: ClassVar[dict[str, float]] = {"select_coeff_s": 2.19e-10, "merge_coeff_s": 0.0,
+                                                 "reduce_coeff_s": 0.0, "update_coeff_s": 0.0}
+
+    def costs(self, device=None, value_bytes: int = 4, index_bytes: int = 4) -> dict[str, dict]:
+        """The cost of each compute kind a run uses, kind (select, merge, reduce, update) -> {"coeff_s": seconds per
+        unit, "scaling": "x log2 x" or "x" (the unit: per x log2 x, or per element), "model": the formula, "source":
+        where its figures come from, "passes": passes over memory per element (the device's memory model, else
+        None), "from": "scenario", "device" or "default"}.
+
+        The rule: a key given in the scenario (not None) wins; else ``device``'s cost model
+        (:meth:`sim.workloads.model.DeviceModel.costs` at ``value_bytes`` / ``index_bytes`` per value / index, the
+        scenario's compression.value_bytes / index_bytes); else, with no device (a [data] objective run, a measured
+        layer table), :data:`DEFAULT_COSTS`. Raises ConfigError when the device has no cost for a kind the scenario
+        leaves unset."""
+        dev = device.costs(value_bytes, index_bytes) if device is not None and any(
+            getattr(self, k) is None for k in self.COST_KEYS.values()) else None
+        out = {}
+        for kind, key in self.COST_KEYS.items():
+            v = getattr(self, key)
+            unit = "x log2 x" if kind == "select" else "x"
+            if v is not None:
+                out[kind] = {"coeff_s": v, "scaling": unit, "model": f"{v:.3g} s x {unit}",
+                             "source": f"compute.{key} (the scenario)", "passes": None, "from": "scenario"}
+            elif dev is not None:
+                c = dev[kind]
+                out[kind] = {"coeff_s": c.coeff_s, "scaling": c.scaling, "model": c.model, "source": c.source,
+                             "passes": c.passes, "from": "device"}
+            else:
+                v = self.DEFAULT_COSTS[key]
+                out[kind] = {"coeff_s": v, "scaling": unit, "model": f"{v:.3g} s x {unit}", "passes": None,
+                             "source": "compute.*_coeff_s unset and no device: the gTop-k papers' model (their P102-100 "
+                                       "selection fit, Shi et al. 2019; nothing else charged)", "from": "default"}
+        return out
 
 
 class DataCfg(_Strict):
@@ -205,7 +246,8 @@ class WorkloadCfg(_Strict):
     model: str = Field("", description="zoo model (resnet20-cifar, vgg16-cifar, vgg16, alexnet, resnet50, bert-base, gpt2-small, "
                                        "lstm-ptb); empty = train the [data] objective instead")
     table: str = Field("", description="layer table (CSV or TOML) of a model profiled elsewhere, instead of a zoo model")
-    device: str = Field("P102-100", description="device model turning FLOPs into seconds: P102-100, V100, A100, H100 (FLOP workloads only)")
+    device: str = Field("P102-100", description="device model turning FLOPs into seconds (FLOP workloads only) and pricing selection, merge, "
+                                                "reduction and update (compute.*_coeff_s unset): P102-100, V100, A100, H100")
     efficiency: float | None = Field(None, gt=0, le=1, description="fraction of the device's peak FLOP/s a step achieves; unset: the preset's")
     dense_policy: Literal["ddp", "horovod", "none"] = Field(
         "ddp", description="dense: DDP buckets overlapped with backward, Horovod tensor fusion, or one allreduce after backward")
@@ -261,12 +303,26 @@ class TorchCfg(_Strict):
     select_device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where each rank makes its Top-k selections of vectors of d >= 2^15: cuda (its GPU), cpu (numpy/numba), auto (cuda when a GPU is visible); the same indices either way")
 
 
+def cost_device(sc: "Scenario"):
+    """The device whose cost model prices a run's selections, merges, reductions and updates
+    (:meth:`ComputeCfg.costs`): ``workload.device``'s preset in a workload run (a zoo model or a layer table) or a
+    [model] run, None in a [data] objective run. A measured layer table takes no device (it is refused there), and
+    the default device's costs are the defaults' values. Raises ConfigError for an unknown device."""
+    if not (sc.workload.active or sc.model.name):
+        return None
+    from sim.workloads.devices import get_device
+
+    return get_device(sc.workload.device)
+
+
 def used_keys_dump(sc: "Scenario", backend: str = "sim") -> dict:
     """The scenario as a dict without the keys this run does not use (summary.json records what was used): the
     [torch] table unless backend = torch, [workload] unless a model or table is named, data.d / data.n / data.path
     where the objective or data set ignores them, the custom-network and hierarchy keys of [cluster] where the
-    network ignores them, and [data], the step size and forward_backward_s for a workload run. Reloading the
-    dump gives the same run (what is left out takes its default, which nothing reads)."""
+    network ignores them, and [data], the step size and forward_backward_s for a workload run. The compute cost keys
+    (select/merge/reduce/update_coeff_s) hold the values the run used (:meth:`ComputeCfg.costs` with
+    :func:`cost_device`); select_coeff_s is left out where the device's memory model prices selections per element.
+    Reloading the dump gives the same run (what is left out takes its default, which nothing reads)."""
     out = sc.model_dump()
     cl, data = out["cluster"], out["data"]
     if backend != "torch":
@@ -307,6 +363,13 @@ def used_keys_dump(sc: "Scenario", backend: str = "sim") -> dict:
         cl.pop("bandwidth_Bps")
     if sc.cluster.network != "custom":
         cl.pop("topology")
+    comp = out["compute"]  # the cost keys as the run used them (ComputeCfg.costs), so that reloading gives the same run
+    for kind, c in sc.compute.costs(cost_device(sc), sc.compression.value_bytes, sc.compression.index_bytes).items():
+        key = ComputeCfg.COST_KEYS[kind]
+        if c["scaling"] == "x log2 x" or kind != "select":
+            comp[key] = c["coeff_s"]
+        else:  # a per-element selection (a device's memory model) has no value of select_coeff_s (per x log2 x)
+            comp.pop(key)
     if sc.cluster.network != "hierarchical":
         for k in ClusterCfg.HIERARCHY_KEYS:
             cl.pop(k)

@@ -331,17 +331,16 @@ def cluster_iteration_times(pl: Plan, case: Case, cluster: str, iterations: int)
     cluster, workload.device, the DDP / sparse policies, the compute model, b images per worker) -- and n, how many of them the plan's time budget keeps
     (:meth:`~sim.engine.timeline.TimelineClock.iterations_within`; all without a budget). Imports torch (the network's
     FLOPs). Raises ConfigError as the scenario does."""
-    from sim.machine.compute import ComputeModel
     from sim.machine.topology import ClusterSpec
 
-    from .resolve import algorithm_specs, build_network, timeline_clock
+    from .resolve import algorithm_specs, build_network, resolve_compute, resolve_device, timeline_clock
 
     sc = pl.scenario(case, cluster, iterations)
     wl = _workload(pl.model)
     net = build_network(sc.cluster, timing_only=True)
     G = net.gpus_per_node if isinstance(net, ClusterSpec) else 1
     (spec,) = algorithm_specs(sc, sc.k_for(wl.d), G)
-    clock = timeline_clock(sc, wl, net, ComputeModel(seed=sc.seed, **sc.compute.model_dump()), pl.time_budget_s)
+    clock = timeline_clock(sc, wl, net, resolve_compute(sc, resolve_device(sc)), pl.time_budget_s)
     res = clock(spec, iterations)
     return np.asarray(res.iter_s, dtype=np.float64), clock.iterations_within(res)
 

@@ -29,13 +29,13 @@ import numpy as np
 from sim.algorithms import AlgorithmSpec
 from sim.base.errors import ConfigError
 from sim.engine.timeline import chrome_trace, simulate_timeline
-from sim.machine.compute import ComputeModel
 from sim.machine.topology import ClusterSpec
 
 from .outdir import check_out, file_record, partial_dir, publish, save_figure
 from .progress import progress_bar
 from .record import provenance, run_id, versions, write_metrics
-from .resolve import algorithm_specs, build_network, network_summary, resolve_workload, timeline_policy
+from .resolve import (algorithm_specs, build_network, compute_costs, network_summary, resolve_compute, resolve_workload,
+                      timeline_policy)
 from .scenario import Scenario, used_keys_dump
 
 __all__ = ["run_workload", "MAX_ROWS_WITHOUT_YES"]
@@ -79,8 +79,7 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
     G = net.gpus_per_node if isinstance(net, ClusterSpec) else 1
     specs = _specs(sc, wl.d, G)
     policy = timeline_policy(sc)
-    c = sc.compute
-    cm = ComputeModel(seed=sc.seed, **c.model_dump())
+    cm = resolve_compute(sc, dev)
     P, b = sc.cluster.P, sc.training.batch_size
     fwd, bwd = wl.layer_times(b, dev)
     tmp = partial_dir(out)
@@ -132,6 +131,7 @@ def run_workload(sc: Scenario, out, *, force: bool = False, progress: bool = Tru
                              "input": wl.input, "source": wl.source, "measured": wl.measured,
                              "forward_s": float(fwd.sum()), "backward_s": float(bwd.sum()),
                              "device": None if dev is None else dataclasses.asdict(dev)},
+                "compute_costs": compute_costs(sc, dev),
                 "policy": dataclasses.asdict(policy),
             },
             "algorithms": resolved_algs,
