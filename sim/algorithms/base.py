@@ -39,6 +39,8 @@ once over the whole model vector, as the released gTop-k code does. With ``segme
 vector is cut into B consecutive segments (layers or buckets) and the exchange runs on each with
 k_b = min(d_b, max(1, round(k / d * d_b))) (:func:`segment_k`), one collective per segment, in segment
 order (GRACE, Horovod compression, DDP hooks). A single segment reproduces whole-model selection bit for bit.
+The hybrid per-bucket policy (``AlgorithmSpec.segment_densities``, docs/hybrid.md) gives each segment its own density,
+or exchanges it densely with the dense allreduce (residual 0: nothing is left behind in a dense segment).
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ from sim.base.ops import Compute
 
 __all__ = ["Algorithm", "Option", "Exchange", "StepContext", "REGISTRY", "register", "get", "names", "resolve",
            "check_options", "predict_columns", "predict_default_columns",
-           "AlgorithmSpec", "StepOutput", "sgd_step", "segment_k"]
+           "AlgorithmSpec", "StepOutput", "sgd_step", "segment_k", "density_k"]
 
 #: name -> :class:`Algorithm` instance, in registration order (dense, topk, gtopk, randk, then the successors).
 REGISTRY: dict[str, "Algorithm"] = {}
@@ -378,8 +380,15 @@ class AlgorithmSpec:
     momentum, DGC); weight_decay: w >= 0, added to the local gradient before error feedback (module docstring).
     options: the algorithm's own options as a tuple of (name, value) pairs (e.g. ``(("rank", 4),)`` for PowerSGD);
     unset ones take :attr:`Algorithm.options` defaults (:meth:`opt`).
+    segment_densities: None, or (with ``segments``, one entry per segment) the hybrid per-bucket policy
+    (docs/hybrid.md, :class:`sim.engine.hybrid.HybridPlan`): a float rho_b in (0, 1] compresses segment b with
+    k_b = min(d_b, max(1, round(rho_b d_b))) (the whole model's k is then unused), None exchanges it densely with
+    the dense algorithm's allreduce (``dense_collective``; residual 0, nothing selected). Sparse, segmented
+    algorithms without a local momentum only. dense_collective: the dense segments' collective (one of dense's
+    ring, recursive_doubling, hierarchical, backend_allreduce; None: ring); only with segment_densities.
     Raises ConfigError for an unknown name, collective, mask or option, an option or momentum / weight decay
-    out of range, a negative seed, or segments that are not a non-empty sequence of integers >= 1.
+    out of range, a negative seed, segments that are not a non-empty sequence of integers >= 1, or
+    segment_densities / dense_collective that do not fit (above).
     """
 
     name: str
@@ -394,6 +403,8 @@ class AlgorithmSpec:
     momentum: float = 0.0
     weight_decay: float = 0.0
     options: tuple = ()
+    segment_densities: tuple | None = None
+    dense_collective: str | None = None
 
     def __post_init__(self):
         algo = get(self.name)
@@ -421,6 +432,8 @@ class AlgorithmSpec:
                 raise ConfigError(f"option {key!r} is unknown for {self.name}: valid {valid}")
         checked = tuple((key, algo.options[key].check(self.name, key, opts[key])) for key in algo.options if key in opts)
         object.__setattr__(self, "options", checked)
+        if self.segment_densities is not None or self.dense_collective is not None:
+            object.__setattr__(self, "segment_densities", _check_segment_densities(self))
         algo.check_spec(self)
 
     @property
@@ -441,7 +454,9 @@ class AlgorithmSpec:
         segment, ``topk[layerwise]`` / ``gtopk[reference,layerwise]``."""
         algo = self.algorithm
         tags = list(algo.label_tags(self))
-        if self.segments is not None and algo.segmented and len(self.segments) > 1:
+        if self.segment_densities is not None:
+            tags.append("hybrid")
+        elif self.segments is not None and algo.segmented and len(self.segments) > 1:
             tags.append("layerwise")
         return f"{self.name}[{','.join(tags)}]" if tags else self.name
 
@@ -470,14 +485,23 @@ class AlgorithmSpec:
         The rule (layer-wise selection at the whole model's density k / d, at least one per segment):
         ``k_b = min(d_b, max(1, round(k / d * d_b)))`` (:func:`segment_k`), the same expression as the iteration
         timeline's per-bucket k, so the timeline's times and these numerics select the same counts. One segment
-        gives (k,). Non-sparse algorithms: (d_1, ..., d_B), everything is sent. Raises SparsimError as
-        :meth:`check_dim`.
+        gives (k,). Non-sparse algorithms: (d_1, ..., d_B), everything is sent. With ``segment_densities`` (the
+        hybrid policy): k_b = min(d_b, max(1, round(rho_b d_b))) for a compressed segment (:func:`density_k`), d_b for
+        a dense one. Raises SparsimError as :meth:`check_dim`.
         """
         self.check_dim(d)
         sizes = (d,) if self.segments is None else self.segments
         if not self.algorithm.sparse:
             return tuple(int(n) for n in sizes)
+        if self.segment_densities is not None:
+            return tuple(int(n) if r is None else density_k(r, n) for r, n in zip(self.segment_densities, sizes))
         return tuple(segment_k(int(self.k), d, n) for n in sizes)
+
+    def dense_spec(self) -> "AlgorithmSpec":
+        """The dense S-SGD spec that exchanges this spec's dense segments (``segment_densities`` entries None): dense
+        at ``dense_collective`` (None: ring) with this spec's value bytes and ranks per node."""
+        return AlgorithmSpec("dense", collective=self.dense_collective or "ring", value_bytes=self.value_bytes,
+                             gpus_per_node=self.gpus_per_node)
 
     def total_k(self, d: int) -> int:
         """Coordinates each worker selects per step: sum of :meth:`segment_ks` (k for whole-model
@@ -492,6 +516,48 @@ class AlgorithmSpec:
                 f"segments = {_segments_text(self.segments)} ({self.name}): {where} models whole-model selection "
                 "only; layer-wise timing is done by the iteration timeline (sim/engine/timeline.py): "
                 "valid here segments = None")
+
+
+def density_k(density: float, n: int) -> int:
+    """Coordinates a unit of n elements selects at ``density``: ``min(n, max(1, round(density x n)))`` in float64 with
+    Python's round (halves to even) -- the DDP hook's rule (:meth:`sim.distributed.ddp_hooks.SparseState.k_for`) and
+    the hybrid plan's (:class:`sim.engine.hybrid.HybridPlan`). 1 <= result <= n for n >= 1."""
+    return int(min(n, max(1, round(float(density) * n))))
+
+
+def _check_segment_densities(spec: "AlgorithmSpec"):
+    """``spec.segment_densities`` as a tuple of floats and None; ConfigError (one line) unless ``segments`` is set with
+    as many entries, each None or in (0, 1], the algorithm is sparse, segmented and keeps no local momentum, and
+    ``dense_collective`` is None or one of dense's collectives (and set only with segment_densities)."""
+    algo, dens = spec.algorithm, spec.segment_densities
+    if dens is None:
+        raise ConfigError(f"dense_collective = {spec.dense_collective!r} without segment_densities: valid only with "
+                          "the hybrid policy's segment_densities (dense segments)")
+    if not algo.sparse or not algo.segmented or algo.local_momentum:
+        raise ConfigError(f"segment_densities with {spec.name}: the hybrid policy compresses per segment with a sparse "
+                          "algorithm that keeps no local momentum: valid "
+                          + ", ".join(n for n, a in REGISTRY.items() if a.sparse and a.segmented and not a.local_momentum))
+    try:
+        seq = tuple(dens)
+    except TypeError:
+        seq = None
+    if seq is None or isinstance(dens, (str, bytes)) or spec.segments is None or len(seq) != len(spec.segments):
+        n = "no segments" if spec.segments is None else f"{len(spec.segments)} segments"
+        raise ConfigError(f"segment_densities = {dens!r} does not fit {n}: valid one entry (a density in (0, 1] or "
+                          "None for a dense segment) per segment")
+    out = []
+    for j, r in enumerate(seq):
+        if r is None:
+            out.append(None)
+            continue
+        if isinstance(r, (bool, np.bool_)) or not isinstance(r, (int, float, np.integer, np.floating)):
+            raise ConfigError(f"segment_densities[{j}] = {r!r} is not a density: valid 0 < density <= 1 or None (dense)")
+        check_range(f"segment_densities[{j}]", float(r), 0, 1, lo_open=True, err=ConfigError)
+        out.append(float(r))
+    coll = spec.dense_collective
+    if coll is not None and coll not in REGISTRY["dense"].collectives:
+        raise ConfigError(f"dense_collective = {coll!r} is unknown: valid {', '.join(REGISTRY['dense'].collectives)}")
+    return tuple(out)
 
 
 def _segments_text(segments) -> str:
@@ -593,7 +659,8 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
 
     Yields ``forward_backward``, then the algorithm's exchange (:meth:`Algorithm.exchange`) once over the whole
     vector or, with ``spec.segments`` and a segmented algorithm, once per segment in segment order with k_b
-    (:meth:`AlgorithmSpec.segment_ks`), then ``update`` of d parameters. Raises SparsimError if the segments do
+    (:meth:`AlgorithmSpec.segment_ks`; a dense segment of ``segment_densities`` through dense S-SGD's exchange,
+    :meth:`AlgorithmSpec.dense_spec`), then ``update`` of d parameters. Raises SparsimError if the segments do
     not sum to d.
     """
     algo = spec.algorithm
@@ -615,11 +682,16 @@ def sgd_step(spec: AlgorithmSpec, rank: int, P: int, v: np.ndarray, residual: np
     else:
         bounds = spec.segment_bounds(d)
         ks = spec.segment_ks(d)
+        dens = spec.segment_densities
+        dense_spec = spec.dense_spec() if dens is not None and None in dens else None
         parts, res_parts = [], []
         n_sel = n_app = 0
         for b, k_b in enumerate(ks):
             ctx.segment, ctx.lo, ctx.hi = b, int(bounds[b]), int(bounds[b + 1])
-            ex = yield from algo.exchange(spec, acc[ctx.lo:ctx.hi], k_b if algo.sparse else None, ctx)
+            if dens is not None and dens[b] is None:  # a dense segment (hybrid): the allreduce, residual 0
+                ex = yield from dense_spec.algorithm.exchange(dense_spec, acc[ctx.lo:ctx.hi], None, ctx)
+            else:
+                ex = yield from algo.exchange(spec, acc[ctx.lo:ctx.hi], k_b if algo.sparse else None, ctx)
             parts.append(ex.g)
             res_parts.append(ex.residual)
             n_sel += ex.n_selected

@@ -66,6 +66,14 @@ Selection scope (``scope``):
   last bucket, as the released gTop-k code does: no overlap with backward (the futures of the earlier
   buckets complete when the last bucket's collective does), one collective, exactly Algorithm 1.
 
+Hybrid plan (``plan=``, a :class:`sim.engine.hybrid.HybridPlan` or its JSON file, docs/hybrid.md): scope "bucket"
+with each DDP bucket as the plan says, bucket i of the plan being DDP's bucket of index i (launch order, after
+:func:`settle_buckets`): a compressed bucket selects ``k_b = min(n_b, max(1, round(rho_b n_b)))`` at its own density
+rho_b (``density`` and ``k`` are not used), a dense bucket is summed by an asynchronous ``all_reduce`` of
+``lr x grad`` (no selection, no residual: the accumulator of a bucket never compressed is ``lr x grad``), divided by P
+once it completes -- the simulator's ``workload.sparse_policy = "hybrid"`` bit for bit in float64 at P = 2
+(tests/test_hybrid.py). A bucket whose size is not the plan's, or a model of another size, is a one-line ConfigError.
+
 Warm-up: ``start_iter`` iterations of plain allreduce first (the gradient times 1/P, then ``all_reduce``,
 what DDP does without a hook, bit for bit; residuals stay zero), then ``density_schedule`` (e.g.
 :func:`dgc_warmup`, Lin et al., ICLR 2018: densities 0.25, 0.0625, 0.015625, 0.0039 before 0.001), each
@@ -361,7 +369,7 @@ class SparseState:
       :func:`sim.algorithms.sgd_step` itself on the p2p wire.
     - density: fraction of each unit selected, 0 < density <= 1 (default 0.01): k = min(n, max(1, round(density n))).
     - k: a fixed k per unit instead (capped at the unit's size), integer >= 1; not with a density schedule.
-    - scope: one of :data:`SCOPES` (default "parameter"; module docstring for each and why).
+    - scope: one of :data:`SCOPES` (default "parameter", "bucket" with a plan; module docstring for each and why).
     - start_iter: iterations of plain allreduce before the sparse hook starts (>= 0, default 0).
     - density_schedule: densities (each in (0, 1], never increasing, none below ``density``) for the first
       sparse iterations, each held ``schedule_iters`` (>= 1) iterations; then ``density``. See :func:`dgc_warmup`.
@@ -376,6 +384,8 @@ class SparseState:
     - lr: step size folded into the accumulator (> 0, default 1.0). seed: rand-k's draw (integer >= 0).
     - timeout_s: seconds a p2p message may wait on a peer (> 0); the asynchronous wire uses the process
       group's own timeout.
+    - plan: a :class:`sim.engine.hybrid.HybridPlan` or the path of its JSON file (module docstring: "Hybrid plan");
+      implies scope "bucket" (another scope is an error), not with ``k`` or ``density_schedule``.
 
     Attributes kept across steps: ``residuals`` (dict parameter name -> 1-D tensor, eps, float32 or float64,
     on the gradient's device), ``algo_state`` (p2p wire: the algorithm's own state per selection unit), ``iteration`` (completed steps, warm-up included), ``selected`` / ``applied``
@@ -388,10 +398,20 @@ class SparseState:
     """
 
     def __init__(self, process_group=None, algorithm: str = "gtopk", density: float = 0.01, *, k: int | None = None,
-                 scope: str = "parameter", start_iter: int = 0, density_schedule: Sequence[float] | None = None,
+                 scope: str | None = None, start_iter: int = 0, density_schedule: Sequence[float] | None = None,
                  schedule_iters: int = 1, collective: str | None = None, mask: str = "exact",
                  wire: str | None = None, lr: float = 1.0, seed: int = 0, timeout_s: float = 60.0,
-                 options: dict | None = None):
+                 options: dict | None = None, plan=None):
+        if plan is not None:
+            plan = _load_plan(plan)
+            if scope not in (None, "bucket"):
+                raise ConfigError(f"scope = {scope!r} with a hybrid plan: valid scope = 'bucket' (the plan chooses per "
+                                  "DDP bucket)")
+            if k is not None or density_schedule is not None:
+                raise ConfigError(f"{'k' if k is not None else 'density_schedule'} with a hybrid plan: valid one of them "
+                                  "(the plan gives each bucket its density)")
+            scope = "bucket"
+        scope = "parameter" if scope is None else scope
         if algorithm not in HOOK_ALGORITHMS and algorithm not in REGISTRY:
             valid = sorted(set(HOOK_ALGORITHMS) | set(REGISTRY))
             raise ConfigError(f"algorithm = {algorithm!r} is not a sparse hook: valid {', '.join(valid)}")
@@ -453,6 +473,8 @@ class SparseState:
         self.start_iter, self.density_schedule, self.schedule_iters = int(start_iter), sched, int(schedule_iters)
         self.collective, self.mask, self.lr, self.seed, self.timeout_s = coll, mask, float(lr), int(seed), float(timeout_s)
         self.options = opts
+        #: the hybrid plan (:class:`sim.engine.hybrid.HybridPlan`) or None
+        self.plan = plan
         self.residuals: dict = {}
         #: the p2p wire's algorithm state per selection unit (tuple of parameter names -> the dict that
         #: :func:`sim.algorithms.sgd_step` keeps: PowerSGD's Q and generator, DGC's velocity, Ok-Topk's thresholds)
@@ -495,6 +517,7 @@ class SparseState:
         self.__dict__.update(state)
         self.__dict__.setdefault("hook_cpu_s", 0.0)  # states pickled before these counters existed
         self.__dict__.setdefault("callback_cpu_s", 0.0)
+        self.__dict__.setdefault("plan", None)  # states pickled before hybrid plans existed
         self._init_runtime()
 
     # -- configuration -------------------------------------------------------------------------------------
@@ -509,9 +532,12 @@ class SparseState:
         j = (int(iteration) - self.start_iter) // self.schedule_iters
         return self.density_schedule[j] if 0 <= j < len(self.density_schedule) else self.density
 
-    def k_for(self, n: int, iteration: int | None = None) -> int:
+    def k_for(self, n: int, iteration: int | None = None, density: float | None = None) -> int:
         """k of a unit of n (>= 1) entries at the 0-based ``iteration`` (default: the current one):
-        ``min(n, k)`` for a fixed k, else ``min(n, max(1, round(density n)))`` with Python's round."""
+        ``min(n, k)`` for a fixed k, else ``min(n, max(1, round(density n)))`` with Python's round, the density being
+        ``density`` when given (a hybrid plan's bucket), else the schedule's."""
+        if density is not None:
+            return int(min(n, max(1, round(float(density) * n))))
         if self.k is not None:
             return min(int(self.k), int(n))
         dens = self.density_at(self.iteration if iteration is None else iteration)
@@ -543,6 +569,10 @@ class SparseState:
         sizes = {n: int(p.numel()) for n, p in named}
         if self._names is not None and (self._names != names or self._sizes != sizes):
             raise ConfigError(_model_mismatch(self._names, self._sizes, names, sizes, "this state was bound to"))
+        if self.plan is not None and sum(sizes.values()) != self.plan.d:
+            raise ConfigError(f"hybrid plan {self.plan.source or ''} is for model {self.plan.model!r} of d = "
+                              f"{self.plan.d:,} parameters: this model has {sum(sizes.values()):,}: valid a plan made "
+                              "for this model (sparsim workload hybrid-plan)")
         self._names, self._sizes = names, sizes
         self._ids = {id(p): n for n, p in named}
         try:
@@ -866,11 +896,16 @@ def sparse_hook(state: SparseState, bucket):
         if state.iteration < state.start_iter:
             _, P = state._group_rank_size()
             return _dense_allreduce(buf, state._group(), P)
+        density = None
+        if state.plan is not None:
+            density = _plan_density(state, bucket, buf)
+            if density is None:
+                return _plan_dense_hook(state, bucket, buf)
         if state.wire == "p2p":
-            return _p2p_hook(state, bucket, buf)
+            return _p2p_hook(state, bucket, buf, density)
         if state.scope == "model":
             return _model_hook(state, bucket, buf)
-        return _unit_hook(state, bucket, buf)
+        return _unit_hook(state, bucket, buf, density)
     except BaseException as err:
         _fail_pending(state, err)
         raise
@@ -1102,8 +1137,9 @@ def _launch(state: SparseState, units, total: int, slots: int, device, rdtype, f
     return fut.then(done)
 
 
-def _unit_hook(state: SparseState, bucket, buf):
-    """Scopes "parameter" and "bucket": select per unit now, one all_gather for the bucket, combine on completion."""
+def _unit_hook(state: SparseState, bucket, buf, density: float | None = None):
+    """Scopes "parameter" and "bucket": select per unit now, one all_gather for the bucket, combine on completion.
+    density: the unit's density (a hybrid plan's bucket), else the state's."""
     t0 = time.perf_counter()
     rdtype = _residual_dtype(buf.dtype)
     layout = _bucket_layout(state, bucket, buf)
@@ -1118,7 +1154,7 @@ def _unit_hook(state: SparseState, bucket, buf):
         flat = state._arena(names, sizes, buf.device, rdtype)
         _accumulate(flat, buf[off:off + n], state.lr)
         t_acc += time.perf_counter() - ta
-        k = state.k_for(n)
+        k = state.k_for(n, density=density)
         i, v = _select(state, flat, k, _where(state, bucket, pname))
         if state.spec.combine == "sum":
             _zero_at(flat, i)  # eps = acc - Sel(acc): every selected entry is applied
@@ -1236,8 +1272,9 @@ def _np(t) -> np.ndarray:
     return t.detach().cpu().numpy()
 
 
-def _p2p_hook(state: SparseState, bucket, buf):
-    """The wire "p2p": sgd_step itself per unit, synchronously (the exact messages of the collectives)."""
+def _p2p_hook(state: SparseState, bucket, buf, density: float | None = None):
+    """The wire "p2p": sgd_step itself per unit, synchronously (the exact messages of the collectives). density: the
+    unit's density (a hybrid plan's bucket), else the state's."""
     import torch
 
     rdtype = _residual_dtype(buf.dtype)
@@ -1281,13 +1318,72 @@ def _p2p_hook(state: SparseState, bucket, buf):
         groups = [(off, n, [name], [n]) for name, off, n in layout]
     for off, n, names, sizes in groups:
         flat = state._arena(names, sizes, buf.device, rdtype)
-        out = _p2p_unit(state, _np(grad[off:off + n]), _np(flat).copy(), state.k_for(n), device,
+        out = _p2p_unit(state, _np(grad[off:off + n]), _np(flat).copy(), state.k_for(n, density=density), device,
                         f"DDP step {state.iteration + 1}, bucket {bucket.index()}", tuple(names))
         flat.copy_(torch.from_numpy(out.residual))
         buf[off:off + n].copy_(torch.from_numpy(out.update / P))
     fut = torch.futures.Future()
     fut.set_result(buf)
     return fut
+
+
+# -------------------------------------------------------------------------------- hybrid plan
+
+
+def _load_plan(plan):
+    """A :class:`sim.engine.hybrid.HybridPlan` from a plan or the path of its JSON file (ConfigError, one line)."""
+    from sim.engine.hybrid import HybridPlan, load_plan
+
+    return plan if isinstance(plan, HybridPlan) else load_plan(plan)
+
+
+def _plan_density(state: SparseState, bucket, buf):
+    """The plan's density of this DDP bucket (None: dense). Raises ConfigError unless DDP's bucket of this index has
+    the plan's size."""
+    plan, j, n = state.plan, int(bucket.index()), int(buf.numel())
+    if j >= len(plan.bucket_sizes) or plan.bucket_sizes[j] != n:
+        what = f"the plan has {len(plan.bucket_sizes)} buckets" if j >= len(plan.bucket_sizes) else \
+            f"the plan's bucket {j} holds {plan.bucket_sizes[j]:,}"
+        raise ConfigError(f"DDP bucket {j} holds {n:,} entries but {what} (hybrid plan {plan.source or ''} for "
+                          f"{plan.model!r}): valid the bucket caps the plan was made with (bucket_cap_mb = "
+                          f"{plan.bucket_cap_mb}, first_bucket_mb = {plan.first_bucket_mb}) and settle_buckets before "
+                          "the first step")
+    return plan.densities[j]
+
+
+def _plan_dense_hook(state: SparseState, bucket, buf):
+    """A hybrid plan's dense bucket: acc = lr x grad (no residual: 0 + lr grad, the bits of sgd_step's accumulator of a
+    segment never compressed), its finiteness checked, summed by an asynchronous ``all_reduce``, divided by P on
+    completion into the bucket buffer (rounded to its dtype once). The p2p wire waits for the allreduce here."""
+    import torch
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    _bucket_layout(state, bucket, buf)  # its parameters are the bound model's
+    rdtype = _residual_dtype(buf.dtype)
+    n = int(buf.numel())
+    acc = torch.zeros(n, dtype=rdtype, device=buf.device)
+    _accumulate(acc, buf, state.lr)
+    m = float(acc.abs().max()) if n else 0.0
+    if not m <= DIVERGENCE_LIMIT:  # NaN fails too
+        bad = "not finite" if not math.isfinite(m) else f"{m:.4g} (beyond {DIVERGENCE_LIMIT:g}: the run diverged)"
+        raise NonFiniteError(f"sparse hook, {_where(state, bucket)} (dense in the hybrid plan): the gradient times lr "
+                             f"is {bad}: valid finite values; lower the learning rate or check the data")
+    _, P = state._group_rank_size()
+    state._add(0, time.perf_counter() - t0, selected=n, applied=n)
+    work = dist.all_reduce(acc, group=state._group(), async_op=True)
+
+    def done(f):
+        f.wait()
+        buf.copy_(_divide(acc, P))
+        return buf
+
+    if state.wire == "p2p":
+        work.wait()
+        fut = torch.futures.Future()
+        fut.set_result(done(work.get_future()))
+        return fut
+    return work.get_future().then(done)
 
 
 # ================================================================================ registration
@@ -1325,7 +1421,8 @@ def register_sparse_hook(ddp_model, algorithm: str = "gtopk", *, state: SparseSt
     """Register :func:`sparse_hook` on a ``DistributedDataParallel`` model; return its state.
 
     Either ``algorithm`` and the keyword options of :class:`SparseState` (density, k, scope, start_iter,
-    density_schedule, schedule_iters, collective, mask, wire, lr, seed, timeout_s; process_group defaults to
+    density_schedule, schedule_iters, collective, mask, wire, lr, seed, timeout_s, plan -- a hybrid plan or its file,
+    e.g. ``register_sparse_hook(ddp, "gtopk", plan="plan.json")``; process_group defaults to
     the model's ``ddp_model.process_group``), or a ready ``state`` (a state with process_group None takes the
     model's). Binds the state to the model's parameter names. Call once, before the first backward.
     Raises ConfigError for bad options, options given with ``state``, or a state whose process group is not

@@ -29,6 +29,11 @@ Policies (:class:`TimelinePolicy`):
   gTop-k code's policy and the model of :func:`sim.engine.timing.simulate_timing`, which this equals exactly;
 - sparse ``bucket`` / ``layer``: selection per DDP bucket / per layer (the tensors of one layer), overlapped
   with backward, ``k_b = max(1, round(density x d_b))`` for a bucket of d_b elements.
+- sparse ``hybrid`` (with ``TimelinePolicy.plan``, a :class:`sim.engine.hybrid.HybridPlan`; docs/hybrid.md): DDP's
+  buckets, each as the plan says: compressed at its own density rho_b (the algorithm's selection and collective
+  on ``k_b = min(d_b, max(1, round(rho_b d_b)))`` entries) or dense (no selection; the dense allreduce of the
+  plan's ``dense_collective`` over the bucket). An all-compressed plan at density k / d is the ``bucket`` policy,
+  an all-dense plan dense ``ddp``, both exactly (tests/test_hybrid.py).
 - ``blocking=True`` (any policy but ``horovod``): each communication operation (selection + collective) runs
   synchronously on the compute stream, as a DDP comm hook that does its collective inside the hook (the
   project's :func:`sim.distributed.ddp_hooks.sparse_hook`, on the autograd thread): a rank's backward stops when the
@@ -62,8 +67,9 @@ __all__ = ["DENSE_POLICIES", "SPARSE_POLICIES", "TimelinePolicy", "Bucket", "ddp
 
 #: Dense policies: DDP buckets overlapped with backward, Horovod tensor fusion, or one allreduce after backward.
 DENSE_POLICIES = ("ddp", "horovod", "none")
-#: Sparse policies: whole-model selection after backward (released gTop-k code), per DDP bucket, per layer.
-SPARSE_POLICIES = ("model", "bucket", "layer")
+#: Sparse policies: whole-model selection after backward (released gTop-k code), per DDP bucket, per layer, and the
+#: hybrid per-bucket plan (dense or compressed at its own density per DDP bucket: :mod:`sim.engine.hybrid`).
+SPARSE_POLICIES = ("model", "bucket", "layer", "hybrid")
 MIB = 1024 * 1024
 #: DDP's default bucket cap (torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB) and first bucket
 #: (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), torch 2.13.
@@ -84,7 +90,8 @@ class TimelinePolicy:
     blocking: False (default: communication overlaps backward on its own stream) or True: each operation's
     selection and collective stall the rank's compute stream from the moment its bucket is ready until the
     collective ends (a synchronous comm hook); not valid with dense ``horovod`` (simulate_timeline raises).
-    Raises ConfigError for an unknown policy or a value out of range.
+    plan: the :class:`sim.engine.hybrid.HybridPlan` of sparse ``hybrid`` (required there, refused elsewhere).
+    Raises ConfigError for an unknown policy, a value out of range, or a plan missing / given without ``hybrid``.
     """
 
     dense: str = "ddp"
@@ -94,6 +101,7 @@ class TimelinePolicy:
     fusion_threshold_mb: float = 128.0
     cycle_time_s: float = 1e-3
     blocking: bool = False
+    plan: "object | None" = None
 
     def __post_init__(self):
         if not isinstance(self.blocking, bool):
@@ -102,6 +110,10 @@ class TimelinePolicy:
             raise ConfigError(f"dense policy = {self.dense!r} is unknown: valid {', '.join(DENSE_POLICIES)}")
         if self.sparse not in SPARSE_POLICIES:
             raise ConfigError(f"sparse policy = {self.sparse!r} is unknown: valid {', '.join(SPARSE_POLICIES)}")
+        if (self.sparse == "hybrid") != (self.plan is not None):
+            raise ConfigError("sparse policy 'hybrid' needs a plan (sim.engine.hybrid.HybridPlan) and a plan needs "
+                              f"sparse policy 'hybrid': valid both or neither (here sparse = {self.sparse!r}, plan "
+                              f"{'given' if self.plan is not None else 'None'})")
         for f in ("bucket_cap_mb", "first_bucket_mb"):
             if getattr(self, f) is not None:
                 check_real(f, getattr(self, f), 0, 1e6, lo_open=True, err=ConfigError)
@@ -314,8 +326,11 @@ def _comm_ops(spec: AlgorithmSpec, workload: Workload, policy: TimelinePolicy) -
         if policy.dense == "horovod":
             return [], "horovod"
         return whole_model_bucket(workload), "none"
-    if policy.sparse == "bucket":
-        return ddp_buckets(workload, policy, spec.value_bytes), "bucket"
+    if policy.sparse in ("bucket", "hybrid"):
+        buckets = ddp_buckets(workload, policy, spec.value_bytes)
+        if policy.sparse == "hybrid":
+            policy.plan.check_buckets(workload, buckets)
+        return buckets, policy.sparse
     if policy.sparse == "layer":
         return layer_buckets(workload), "layer"
     return whole_model_bucket(workload), "model"
@@ -324,15 +339,19 @@ def _comm_ops(spec: AlgorithmSpec, workload: Workload, policy: TimelinePolicy) -
 def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, network, policy: TimelinePolicy | None = None,
                       device: DeviceModel | None = None, batch_size: int = 32, compute: ComputeModel | None = None,
                       iterations: int = 1, trace_iterations=(), engine: str = "auto", trace_ranks: int = 8,
-                      on_iteration=None) -> TimelineResult:
+                      on_iteration=None, timer: CollectiveTimer | None = None) -> TimelineResult:
     """Simulate ``iterations`` iterations of ``spec`` training ``workload`` on P ranks (module docstring).
 
-    spec: dense, or a sparse spec whose k is the whole model's (k / d is the density used per bucket);
+    spec: dense, or a sparse spec whose k is the whole model's (k / d is the density used per bucket; under the
+    ``hybrid`` policy the plan's per-bucket densities replace it, and its dense buckets run dense S-SGD at the plan's
+    dense collective with the spec's value bytes and ranks per node);
     network: NetworkSpec or ClusterSpec with P ranks; device: turns FLOPs into seconds (None for a measured
     workload); batch_size: samples per rank; compute: jitter, stragglers and the select / merge / reduce /
     update coefficients (its forward_backward_s is not used: the workload gives the compute).
     trace_iterations: 1-based iterations whose per-rank slices are kept for :func:`chrome_trace` (the first
-    ``trace_ranks`` ranks). on_iteration: optional callable(t) after each iteration (progress).
+    ``trace_ranks`` ranks). on_iteration: optional callable(t) after each iteration (progress). timer: a
+    :class:`CollectiveTimer` of the same P, network, compute model and engine, to share its cache of collective times
+    across calls (None: a fresh one).
     Returns a :class:`TimelineResult`. Raises ConfigError / SparsimError for out-of-range values.
     """
     policy = policy or TimelinePolicy()
@@ -354,13 +373,20 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
     F, B = float(fwd.sum()), float(bwd.sum())
     li = workload.layer_index()
     tensor_ready = np.array([bwd_end[li[t.layer]] for t in workload.tensors])  # after forward, at factor 1
-    timer = CollectiveTimer(P, network, compute, engine)
+    if timer is None:
+        timer = CollectiveTimer(P, network, compute, engine)
     buckets, mode = _comm_ops(spec, workload, policy)
     if policy.blocking and mode == "horovod":
         raise ConfigError("blocking = True does not apply to dense policy 'horovod' (its background loop never "
                           "stalls backward): valid dense ddp or none, or blocking = False")
-    ks = [bucket_k(spec, d, b.numel) if spec.algorithm.sparse else None for b in buckets]
-    bspecs = [spec if (k is None or k == spec.k) else dataclasses.replace(spec, k=k) for k in ks]
+    if mode == "hybrid":  # the plan's k_b per bucket, None (and the dense allreduce) for its dense buckets
+        ks = list(policy.plan.ks())
+        dense_spec = AlgorithmSpec("dense", collective=policy.plan.dense_collective, value_bytes=spec.value_bytes,
+                                   gpus_per_node=spec.gpus_per_node)
+        bspecs = [dense_spec if k is None else dataclasses.replace(spec, k=k) for k in ks]
+    else:
+        ks = [bucket_k(spec, d, b.numel) if spec.algorithm.sparse else None for b in buckets]
+        bspecs = [spec if (k is None or k == spec.k) else dataclasses.replace(spec, k=k) for k in ks]
     update_s = compute.seconds("update", d, 0, 0)
     trace_set = {int(t) for t in trace_iterations}
     R = min(P, trace_ranks)
@@ -374,7 +400,7 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
         factor = np.array([compute.forward_backward_factor(r, t) for r in range(P)]) \
             if (compute.jitter != "none" or compute.straggler_prob > 0) else np.ones(P)
         comp_end = factor * (F + B)  # (P,) backward end per rank, without stalls
-        ops = []  # (name, bucket tensors, k, ready (P,), sel_s, coll_start, coll_end, bytes)
+        ops = []  # (name, bucket tensors, k, ready (P,), sel_s, coll_start, coll_end, bytes, trace name)
         free = 0.0
         shift = np.zeros(P)  # blocking: how much later than at factor x (F + position) each rank's compute is
         stalls = []  # blocking: (unstalled position (P,), shift from there on (P,)) per operation, for the trace
@@ -386,7 +412,7 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
             ks = [None] * len(buckets)  # the fused buffers of this iteration (they depend on the ready times)
             for bi, ((grp, s, e), b) in enumerate(zip(sched, buckets)):
                 ops.append((f"fused buffer {bi} ({len(grp)} tensors)", b, None, np.full(P, s), 0.0, s, e,
-                            (timer.wire_bytes(spec, b.numel), b.numel * spec.value_bytes)))
+                            (timer.wire_bytes(spec, b.numel), b.numel * spec.value_bytes), spec.algorithm.trace_name))
             free = sched[-1][2] if sched else 0.0
             sel_total = 0.0
         else:
@@ -394,12 +420,13 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
             for bi, (b, k, bs) in enumerate(zip(buckets, ks, bspecs)):
                 base = factor * (F + float(tensor_ready[list(b.tensors)].max()))  # (P,) ready without stalls
                 rdy = base + shift
-                sel = compute.seconds("select", b.numel, 0, t) if spec.algorithm.sparse else 0.0
+                sel = compute.seconds("select", b.numel, 0, t) if bs.algorithm.sparse else 0.0
                 sel_end = np.maximum(rdy, free) + sel
                 cs = float(sel_end.max())
                 ce = cs + timer(bs, b.numel)
                 ops.append((f"bucket {bi}", b, k, rdy, sel, cs, ce,
-                            (timer.wire_bytes(bs, b.numel), spec.algorithm.payload_bytes(spec, b.numel, k))))
+                            (timer.wire_bytes(bs, b.numel), bs.algorithm.payload_bytes(bs, b.numel, k)),
+                            bs.algorithm.trace_name))
                 free = ce
                 sel_total += sel
                 if policy.blocking:  # the compute stream, stopped at base + shift, resumes at ce
@@ -439,14 +466,14 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
                 u0 = max(float(comp_end[r] + shift[r]), free)
                 c.append(("update", u0, u0 + update_s, {"parameters": d}))
                 m, prev = [], 0.0
-                for name, b, k, rdy, sel, cs, ce, nb in ops:
+                for name, b, k, rdy, sel, cs, ce, nb, tname in ops:
                     if sel > 0:
                         s0 = max(float(rdy[r]), prev)
                         m.append((f"select {name}", s0, s0 + sel, {"elements": b.numel, "k": k}))
                     args = {"bytes": nb[0], "payload_bytes": nb[1], "elements": b.numel}
                     if k is not None:
                         args["k"] = k
-                    m.append((f"{spec.algorithm.trace_name} {name}", cs, ce, args))
+                    m.append((f"{tname} {name}", cs, ce, args))
                     prev = ce
                 tl.compute.append(c)
                 tl.comm.append(m)
@@ -541,9 +568,11 @@ class TimelineClock:
 
     def __call__(self, spec: AlgorithmSpec, iterations: int, **trace) -> TimelineResult:
         """The timeline of ``iterations`` iterations of ``spec`` (its segments dropped: the policy gives the
-        buckets and their k_b, the same rule :func:`segment_k` as the numerics' segments). ``trace``:
+        buckets and their k_b, the same rule :func:`segment_k` as the numerics' segments; under the ``hybrid`` policy
+        its plan gives them, as it gives the numerics' segment densities). ``trace``:
         :func:`simulate_timeline`'s ``trace_iterations`` / ``trace_ranks``."""
-        return simulate_timeline(dataclasses.replace(spec, segments=None), self.workload, self.P, network=self.network,
+        return simulate_timeline(dataclasses.replace(spec, segments=None, segment_densities=None, dense_collective=None),
+                                 self.workload, self.P, network=self.network,
                                  policy=self.policy, device=self.device, batch_size=self.batch_size,
                                  compute=self.compute, iterations=iterations, engine=self.engine, **trace)
 
