@@ -173,7 +173,10 @@ def _run_forked(specs, built, kw, jobs, bar_for, t0) -> list[list[dict]]:
                         del running[conn]
                 if not running:
                     break
-            for conn in multiprocessing.connection.wait(list(running)):
+            # a timeout, so that a signal arriving just before the blocking poll() (its C handler has run, the
+            # Python one waits for the next bytecode) is acted on within WAIT_S: without it a SIGTERM could be
+            # held until a child next wrote, never with --quiet (seen once under load: the parent alive 30 s on)
+            for conn in multiprocessing.connection.wait(list(running), timeout=WAIT_S):
                 i, proc, bar = running[conn]
                 try:
                     kind, payload = conn.recv()
@@ -203,6 +206,10 @@ def _run_forked(specs, built, kw, jobs, bar_for, t0) -> list[list[dict]]:
     if errors:
         raise errors[min(errors)]
     return results
+
+
+#: Longest the parent blocks waiting for its children before it looks at pending signals again (s).
+WAIT_S = 0.5
 
 
 def _stop(conn, proc, bar) -> None:
