@@ -432,6 +432,21 @@ def _part(exp: str, start: str | None, stop: str | None, **kw) -> Callable[[], s
     return lambda: experiment_part(exp, start, stop, **kw)
 
 
+def hybrid() -> str:
+    """The hybrid per-bucket plan against the best uniform policy under the same bound, from
+    ``benchmarks/results/hybrid.csv`` (``benchmarks/bench_hybrid.py``)."""
+    bound = {"min_density": "density >=", "density": "density <="}
+    body = []
+    for r in rows("hybrid"):
+        body.append([r["network"], r["device"], r["P"], r["algorithm"], f"{bound.get(r['bound'], r['bound'])} "
+                     f"{f(r['bound_value'], 'g')}", r["plan"], f(r["hybrid_ms"], ".4g"), f(r["plan_density"], ".3g"),
+                     f"{r['best_uniform']} ({f(r['best_uniform_ms'], '.4g')})", f"{float(r['gain']):.3f}x",
+                     f(r["dense_ms"], ".4g")])
+    return provenance("hybrid") + "\n\n" + table(
+        ["cluster", "device", "P", "algorithm", "bound", "plan (bucket 0 first; D = dense)", "hybrid ms",
+         "plan's density", "best uniform (ms)", "gain", "dense DDP ms"], body)
+
+
 # ------------------------------------------------------------------ tables the code defines
 
 def _cli(*args: str) -> str:
@@ -475,6 +490,7 @@ BLOCKS: dict[str, tuple[Callable[[], str], str]] = {
     "event-overhead": (event_overhead, "benchmarks/results/event_overhead.csv, event_overhead_small_d.csv"),
     "large-d": (large_d, "benchmarks/results/large_d.csv"),
     "large-p": (large_p, "benchmarks/results/large_p.csv, large_p_with_lockstep.csv"),
+    "hybrid": (hybrid, "benchmarks/results/hybrid.csv"),
     "scaling-efficiency": (_part("scaling", None, "Headline ratios"), "docs/results/scaling/report.md"),
     "scaling-headline": (_part("scaling", "Headline ratios", "Simulated iteration time"), "docs/results/scaling/report.md"),
     "scaling-breakdown": (_part("scaling", "Where the model misses: published", "Hierarchical model"),

@@ -150,8 +150,11 @@ class Built:
 
     def _net_segments(self, sc: Scenario):
         """A [model] run: the timeline clock, and per-bucket / per-layer exchange on the network's own tensors (the
-        buckets the timeline communicates) for the segmented algorithms. Raises ConfigError for a dense-like segmented
-        algorithm (PowerSGD) under Horovod's fusion, and for buckets that are not consecutive in the flat vector."""
+        buckets the timeline communicates) for the segmented algorithms; under sparse_policy = "hybrid" the plan's
+        buckets with their densities, dense buckets exchanged by the dense allreduce (AlgorithmSpec.segment_densities).
+        Raises ConfigError for a dense-like segmented algorithm (PowerSGD) under Horovod's fusion, for buckets that are
+        not consecutive in the flat vector, and for a plan of another model or buckets, or a sparse algorithm the
+        hybrid policy cannot run (a local momentum: DGC)."""
         from sim.engine.timeline import ddp_buckets, flat_segments, layer_buckets
 
         policy = timeline_policy(sc)
@@ -160,9 +163,15 @@ class Built:
         # policy's buckets or layers; dense-like segmented ones (PowerSGD: one matrix per DDP bucket, as torch's hook)
         # per DDP bucket under dense_policy = "ddp"; dense itself sums the same vector either way (not segmented)
         vb = sc.compression.value_bytes
-        sparse_sizes = None if policy.sparse == "model" else flat_segments(
-            self.workload, ddp_buckets(self.workload, policy, vb) if policy.sparse == "bucket"
-            else layer_buckets(self.workload))
+        hybrid = None  # sparse_policy = "hybrid": the plan's segment densities (flat order), None for dense buckets
+        if policy.sparse == "hybrid":
+            from sim.engine.hybrid import plan_segments
+
+            sparse_sizes, hybrid = plan_segments(policy.plan, self.workload, policy, vb)
+        else:
+            sparse_sizes = None if policy.sparse == "model" else flat_segments(
+                self.workload, ddp_buckets(self.workload, policy, vb) if policy.sparse == "bucket"
+                else layer_buckets(self.workload))
         dense_like = [s for s in self.specs if not s.algorithm.sparse and s.algorithm.segmented]
         dense_sizes = None
         if dense_like and policy.dense == "horovod":
@@ -171,9 +180,12 @@ class Built:
                               "timeline does: valid dense_policy ddp or none for it")
         if dense_like and policy.dense == "ddp":
             dense_sizes = flat_segments(self.workload, ddp_buckets(self.workload, policy, vb))
-        sparse_sizes, dense_sizes = (None if z is None or len(z) < 2 else z for z in (sparse_sizes, dense_sizes))
+        if hybrid is None:
+            sparse_sizes = None if sparse_sizes is None or len(sparse_sizes) < 2 else sparse_sizes
+        dense_sizes = None if dense_sizes is None or len(dense_sizes) < 2 else dense_sizes
+        hyb = {} if hybrid is None else {"segment_densities": hybrid, "dense_collective": policy.plan.dense_collective}
         self.specs = [s if not s.algorithm.segmented else
-                      dataclasses.replace(s, segments=sparse_sizes) if s.algorithm.sparse and sparse_sizes is not None else
+                      dataclasses.replace(s, segments=sparse_sizes, **hyb) if s.algorithm.sparse and sparse_sizes is not None else
                       dataclasses.replace(s, segments=dense_sizes) if not s.algorithm.sparse and dense_sizes is not None else s
                       for s in self.specs]
 

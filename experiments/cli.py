@@ -343,6 +343,55 @@ def workload_show(model, bucket_cap_mb, export, force):
         click.echo(f"wrote {export}")
 
 
+@workload.command("hybrid-plan")
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a scenario key, e.g. --set cluster.P=64 (repeatable)")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="the plan file to write (JSON)")
+@click.option("--algorithm", default=None, help="the sparse algorithm of the plan [default: the scenario's first sparse one]")
+@click.option("--densities", default="0.001,0.01,0.1", show_default=True,
+              help="comma-separated candidate densities of a compressed bucket")
+@click.option("--min-density", type=float, default=None,
+              help="bound: overall density sum_b rho_b d_b / d >= this (a dense bucket counts 1)")
+@click.option("--density-bound", type=float, default=None,
+              help="bound: overall density <= this (under a cap the smallest density is nearly always fastest)")
+@click.option("--error-bound", type=float, default=None,
+              help="bound: total measured compression error <= this ([model] scenarios: measured on a short run)")
+@click.option("--measure-iterations", type=int, default=20, show_default=True,
+              help="iterations of the run that measures the errors (--error-bound)")
+@click.option("--force", is_flag=True, help="overwrite an existing --out")
+@_user_errors
+def workload_hybrid_plan(scenario, overrides, out, algorithm, densities, min_density, density_bound, error_bound,
+                         measure_iterations, force):
+    """Choose per DDP bucket dense or compressed (and its density) for SCENARIO's model on its cluster, minimising the
+    simulated iteration under one bound; print the plan, the uniform policies and the gain; write --out (docs/hybrid.md).
+
+    Train or time the plan with workload.sparse_policy = "hybrid" and workload.hybrid_plan = FILE, or give it to the
+    DDP hook (register_sparse_hook(ddp, "gtopk", plan=FILE))."""
+    from pathlib import Path as _P
+
+    from sim.engine.hybrid import save_plan
+
+    from .hybrid import make_plan, parse_densities, plan_lines
+    from .scenario import load_scenario
+
+    given = [(b, v) for b, v in (("min_density", min_density), ("density", density_bound), ("error", error_bound))
+             if v is not None]
+    if len(given) != 1:
+        raise SparsimError("give one bound: valid --min-density, --density-bound or --error-bound")
+    if _P(out).exists() and not force:  # refused before anything is computed
+        raise SparsimError(f"--out {out!r} exists: choose another name or pass --force")
+    if not _P(out).resolve().parent.is_dir():
+        raise SparsimError(f"--out {out!r}: the directory {str(_P(out).parent)!r} does not exist")
+    sc = load_scenario(scenario, list(overrides))
+    choice = make_plan(sc, parse_densities(densities), given[0][0], given[0][1], algorithm=algorithm,
+                       measure_iterations=measure_iterations)
+    for line in plan_lines(choice, sc):
+        click.echo(line)
+    save_plan(choice.plan, out, force=force)
+    click.echo(f"wrote {out}")
+
+
 @main.group()
 def theory():
     """The papers' bounds as sympy expressions (gTop-k IJCAI 2019; Mem-SGD NeurIPS 2018)."""

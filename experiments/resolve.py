@@ -100,14 +100,21 @@ def network_summary(net) -> dict:
 
 def timeline_policy(sc: Scenario):
     """The :class:`sim.engine.timeline.TimelinePolicy` of the scenario's [workload] table: dense and sparse
-    policies, DDP's bucket caps and Horovod's fusion threshold (MiB), its cycle time (s) and whether the hook
-    blocks backward."""
+    policies, DDP's bucket caps and Horovod's fusion threshold (MiB), its cycle time (s), whether the hook
+    blocks backward, and for sparse_policy = "hybrid" the plan of ``workload.hybrid_plan``
+    (:func:`sim.engine.hybrid.load_plan`; ConfigError for a missing or bad file, checked against the model when the
+    timeline runs)."""
     from sim.engine.timeline import TimelinePolicy
 
     w = sc.workload
+    plan = None
+    if w.sparse_policy == "hybrid":
+        from sim.engine.hybrid import load_plan
+
+        plan = load_plan(w.hybrid_plan)
     return TimelinePolicy(dense=w.dense_policy, sparse=w.sparse_policy, bucket_cap_mb=w.bucket_cap_mb,
                           first_bucket_mb=w.first_bucket_mb, fusion_threshold_mb=w.fusion_threshold_mb,
-                          cycle_time_s=w.cycle_time_s, blocking=w.hook_blocks_backward)
+                          cycle_time_s=w.cycle_time_s, blocking=w.hook_blocks_backward, plan=plan)
 
 
 def resolve_device(sc: Scenario):

@@ -81,11 +81,13 @@ def net_resolved(sc: Scenario, built, backend: str = "sim") -> dict:
     """summary.json's ``resolved`` additions for a [model] run: what times it (``clock``: the network's layer-wise
     timeline, or on ``backend`` "torch" :data:`TORCH_NET_CLOCK`), the network (parameters, tensors, layers,
     forward / backward seconds per iteration on the device), the data set, the timeline policy, the segments
-    (per-bucket or per-layer selection) and the time budget. built: the run's :class:`experiments.build.Built`."""
+    (per-bucket or per-layer selection; with the hybrid plan also their densities) and the time budget. built: the
+    run's :class:`experiments.build.Built`."""
     wl, clock = built.workload, built.clock
     fwd, bwd = wl.layer_times(sc.training.batch_size, clock.device)
     ds = built.dataset
     segs = next((s.segments for s in built.specs if s.segments is not None), None)
+    hyb = next((s.segment_densities for s in built.specs if s.segment_densities is not None), None)
     return {
         "clock": TORCH_NET_CLOCK if backend == "torch" else
                  "layer-wise timeline of the network on the cluster (sim.engine.timeline.TimelineClock); numerics on the "
@@ -99,6 +101,8 @@ def net_resolved(sc: Scenario, built, backend: str = "sim") -> dict:
                  "n_test": int(ds.y_test.shape[0]), "source": ds.source},
         "policy": dataclasses.asdict(clock.policy),
         "segments": list(segs) if segs is not None else None,
+        # sparse_policy = "hybrid": each segment's density (null: a dense segment, the dense allreduce), flat order
+        **({"segment_densities": list(hyb)} if hyb is not None else {}),
         # what the objective used: eval / test images (clamped to the data, eval rounded down to a multiple of b)
         # and the gradient mode that "auto" resolved to
         "objective_params": dict(built.objective.params),

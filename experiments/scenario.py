@@ -251,8 +251,11 @@ class WorkloadCfg(_Strict):
     efficiency: float | None = Field(None, gt=0, le=1, description="fraction of the device's peak FLOP/s a step achieves; unset: the preset's")
     dense_policy: Literal["ddp", "horovod", "none"] = Field(
         "ddp", description="dense: DDP buckets overlapped with backward, Horovod tensor fusion, or one allreduce after backward")
-    sparse_policy: Literal["model", "bucket", "layer"] = Field(
-        "model", description="sparse: whole-model selection after backward (released gTop-k code), per DDP bucket or per layer, overlapped")
+    sparse_policy: Literal["model", "bucket", "layer", "hybrid"] = Field(
+        "model", description="sparse: whole-model selection after backward (released gTop-k code), per DDP bucket or per layer, overlapped; "
+                             "hybrid: per DDP bucket dense or compressed at its own density, as workload.hybrid_plan says")
+    hybrid_plan: str = Field("", description="sparse_policy = 'hybrid': the plan file (JSON, `sparsim workload hybrid-plan`; docs/hybrid.md), "
+                                             "for this model and bucket caps")
     bucket_cap_mb: float | None = Field(None, gt=0, le=1e6, description="DDP bucket_cap_mb (MiB); unset: DDP's default 25 with a 1 MiB first bucket")
     first_bucket_mb: float | None = Field(None, gt=0, le=1e6, description="cap of DDP's first bucket (MiB); unset: as DDP (1 MiB with the default cap, else bucket_cap_mb)")
     fusion_threshold_mb: float = Field(128.0, gt=0, le=1e6, description="horovod: HOROVOD_FUSION_THRESHOLD (MiB)")
@@ -274,6 +277,12 @@ class WorkloadCfg(_Strict):
             raise ValueError(f"workload.model = {self.model!r} and workload.table = {self.table!r}: give one of them")
         if any(t < 1 for t in self.trace_iterations):
             raise ValueError(f"workload.trace_iterations = {self.trace_iterations}: valid iterations >= 1")
+        if self.sparse_policy == "hybrid" and not self.hybrid_plan:
+            raise ValueError("workload.sparse_policy = 'hybrid' needs workload.hybrid_plan: valid the path of a plan file "
+                             "(sparsim workload hybrid-plan)")
+        if self.hybrid_plan and self.sparse_policy != "hybrid":
+            raise ValueError(f"workload.hybrid_plan = {self.hybrid_plan!r}: used only with sparse_policy = 'hybrid' (here "
+                             f"{self.sparse_policy!r})")
         return self
 
 
@@ -373,6 +382,8 @@ def used_keys_dump(sc: "Scenario", backend: str = "sim") -> dict:
     if sc.cluster.network != "hierarchical":
         for k in ClusterCfg.HIERARCHY_KEYS:
             cl.pop(k)
+    if "workload" in out and sc.workload.sparse_policy != "hybrid":
+        out["workload"].pop("hybrid_plan")  # the hybrid policy's plan file
     return out
 
 
@@ -446,10 +457,10 @@ class Scenario(_Strict):
             rules = [(("fusion_threshold_mb", "cycle_time_s"), dense and w.dense_policy == "horovod",
                       "workload.dense_policy = 'horovod' with dense among the algorithms"),
                      (("bucket_cap_mb", "first_bucket_mb"),
-                      (dense and w.dense_policy == "ddp") or (sparse and w.sparse_policy == "bucket"),
-                      "DDP buckets: dense_policy = 'ddp' with dense, or sparse_policy = 'bucket' with a sparse algorithm"),
+                      (dense and w.dense_policy == "ddp") or (sparse and w.sparse_policy in ("bucket", "hybrid")),
+                      "DDP buckets: dense_policy = 'ddp' with dense, or sparse_policy = 'bucket' or 'hybrid' with a sparse algorithm"),
                      (("dense_policy",), dense, "dense among the algorithms"),
-                     (("sparse_policy",), sparse, "a sparse algorithm among the algorithms")]
+                     (("sparse_policy", "hybrid_plan"), sparse, "a sparse algorithm among the algorithms")]
             for keys, used, needs in rules:
                 unused = w.changed_keys(keys)
                 if unused and not used:
