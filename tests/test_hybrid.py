@@ -499,6 +499,7 @@ def hook_rank_job(ctx, P, data, plan):
 def lenet_plan(tmp_path_factory):
     """A Fashion-MNIST subset and a hand-made plan for LeNet-5's three DDP buckets (0.05 MiB caps, float64): bucket 0
     (the last layers) at 0.1, bucket 1 at 0.01, bucket 2 (the first layers) dense."""
+    _torch()
     _data()
     from sim.engine.timeline import ddp_buckets as buckets_of
     from sim.workloads.idx import load_image_dataset
