@@ -357,8 +357,8 @@ def workload_show(model, bucket_cap_mb, export, force):
               help="bound: overall density <= this (under a cap the smallest density is nearly always fastest)")
 @click.option("--error-bound", type=float, default=None,
               help="bound: total measured compression error <= this ([model] scenarios: measured on a short run)")
-@click.option("--measure-iterations", type=int, default=20, show_default=True,
-              help="iterations of the run that measures the errors (--error-bound)")
+@click.option("--measure-iterations", type=int, default=None,
+              help="iterations of the run that measures the errors (--error-bound only) [default: 20]")
 @click.option("--force", is_flag=True, help="overwrite an existing --out")
 @_user_errors
 def workload_hybrid_plan(scenario, overrides, out, algorithm, densities, min_density, density_bound, error_bound,
@@ -379,13 +379,16 @@ def workload_hybrid_plan(scenario, overrides, out, algorithm, densities, min_den
              if v is not None]
     if len(given) != 1:
         raise SparsimError("give one bound: valid --min-density, --density-bound or --error-bound")
+    if measure_iterations is not None and error_bound is None:
+        raise SparsimError(f"--measure-iterations {measure_iterations}: used only with --error-bound (the run that "
+                           "measures the errors)")
     if _P(out).exists() and not force:  # refused before anything is computed
         raise SparsimError(f"--out {out!r} exists: choose another name or pass --force")
     if not _P(out).resolve().parent.is_dir():
         raise SparsimError(f"--out {out!r}: the directory {str(_P(out).parent)!r} does not exist")
     sc = load_scenario(scenario, list(overrides))
     choice = make_plan(sc, parse_densities(densities), given[0][0], given[0][1], algorithm=algorithm,
-                       measure_iterations=measure_iterations)
+                       measure_iterations=20 if measure_iterations is None else measure_iterations)
     for line in plan_lines(choice, sc):
         click.echo(line)
     save_plan(choice.plan, out, force=force)

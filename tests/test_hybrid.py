@@ -384,6 +384,7 @@ def test_command_writes_a_plan_that_the_timing_run_times_as_planned(tmp_path):
     (["--density-bound", "0.0001"], "density_bound = 0.0001: no plan meets it"),
     (["--error-bound", "0.1"], "--error-bound measures the errors on a numerics run of a network"),
     (["--min-density", "0.01", "--algorithm", "dense"], "--algorithm 'dense' is dense"),
+    (["--min-density", "0.01", "--measure-iterations", "5"], "--measure-iterations 5: used only with --error-bound"),
 ])
 def test_command_bad_input_is_one_line_exit_2(tmp_path, args, match):
     r = _cli("workload", "hybrid-plan", RESNET50, *args, "--out", str(tmp_path / "p.json"))
