@@ -307,6 +307,75 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
         click.echo(line)
 
 
+@main.command("plan")
+@click.option("--scenario", type=click.Path(dir_okay=False), default=None,
+              help="a scenario whose [workload] / [model], [cluster], [compute] and [algorithm.NAME] tables give the "
+                   "model, cluster, device and costs (the options below replace its keys)")
+@click.option("--model", default=None, help="zoo model (resnet50, bert-base, ...), image-zoo network (mlp-256, lenet5, "
+                                            "...) or layer-table file (.csv / .toml)")
+@click.option("--network", default=None, help="flat preset (1GbE, 10GbE, IB100), cluster preset (gtopk-icdcs, "
+                                              "v100-25GbE, dgx-h100), custom or hierarchical (with --set cluster.KEY=V)")
+@click.option("--P", "P", default=None, help="comma-separated worker counts [default: the scenario's cluster.P, else "
+                                             "the evidence's, else 64,256,1024,4096]")
+@click.option("--densities", default=None, help="comma-separated k/d in (0, 1] [default: the scenario's, else the "
+                                                "evidence's, else 0.0001,0.001,0.01,0.03,0.1]")
+@click.option("--algorithms", default=None, help="comma-separated NAME or NAME:COLLECTIVE [default: every registered "
+                                                 "algorithm with every collective the network runs]")
+@click.option("--policies", default=None, help="comma-separated selection policies: model, bucket, layer [default: all]")
+@click.option("--device", default=None, help="device model (workload.device): P102-100, V100, A100, H100")
+@click.option("--batch-size", type=int, default=None, help="samples per rank (training.batch_size)")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a scenario key (repeatable)")
+@click.option("--iterations", type=int, default=1, show_default=True,
+              help="iterations simulated per configuration (more only matter with jitter or stragglers)")
+@click.option("--evidence", type=click.Path(), default=None,
+              help="convergence evidence: a sparsim run directory, a folder of them (sparsim experiment tta --out DIR) "
+                   "or a CSV (algorithm, seed, iteration, METRIC, ...); ranks by predicted time to --target")
+@click.option("--target", type=float, default=None, help="the value of --metric to reach (with --evidence)")
+@click.option("--metric", default="test_accuracy", show_default=True,
+              help="the evidence's metric (a name ending in 'loss' is lower-is-better)")
+@click.option("--top", type=int, default=10, show_default=True, help="rows printed per P (0: all; plan.csv has all)")
+@click.option("--anchors", is_flag=True, help="instead: the advisor's verdicts on the settings of Agarwal et al. "
+                                              "(MLSys 2022) and Espresso (EuroSys 2023), written to --out")
+@click.option("--out", "out", default=None, help="output directory [default: runs/plan, or runs/plan-anchors]")
+@click.option("--force", is_flag=True, help="overwrite a non-empty output directory")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+@_user_errors
+def plan_cmd(scenario, model, network, P, densities, algorithms, policies, device, batch_size, overrides, iterations,
+             evidence, target, metric, top, anchors, out, force, quiet):
+    """Rank every registered algorithm x collective x density x selection policy for a model on a cluster at each P:
+    simulated time per iteration on the layer-wise timeline, its compute / selection / exposed-communication split,
+    the break-even iteration ratio against dense DDP, why; with --evidence, predicted time to --target (docs/advisor.md)."""
+    from sim.base.errors import check_range
+
+    from . import plan as pl
+
+    if anchors:
+        given = [o for o, v in (("--scenario", scenario), ("--model", model), ("--network", network), ("--P", P),
+                                ("--densities", densities), ("--algorithms", algorithms), ("--policies", policies),
+                                ("--device", device), ("--batch-size", batch_size), ("--evidence", evidence),
+                                ("--target", target)) if v is not None] + (["--set"] if overrides else [])
+        if given:
+            raise SparsimError(f"{', '.join(given)}: --anchors runs the papers' settings, which fix these: valid "
+                               "--anchors with --out, --force, --quiet only")
+        path, lines = pl.run_anchors(out or "runs/plan-anchors", force=force, progress=not quiet)
+        for line in lines:
+            click.echo(line)
+        click.echo(f"wrote {path}/ (anchors.csv, anchors.md)")
+        return
+    check_range("--top", top, 0, 10**6)
+    if target is not None and evidence is None:
+        raise SparsimError(f"--target {target:g} needs --evidence: valid with the convergence evidence to read")
+    ev = pl.load_evidence(evidence, metric) if evidence is not None else None
+    inp = pl.resolve_plan(scenario, list(overrides), model=model, network=network, P=P, densities=densities,
+                          algorithms=algorithms, policies=policies, device=device, batch_size=batch_size,
+                          iterations=iterations, evidence=ev)
+    path, _rows, lines = pl.run_plan(inp, out or "runs/plan", force=force, target=target, top=top or None,
+                                     progress=not quiet)
+    for line in lines:
+        click.echo(line)
+    click.echo(f"wrote {path}/ (plan.csv, plan.md, pareto.png, pareto.pdf, summary.json)")
+
+
 @main.group()
 def workload():
     """Real models for the layer-wise timeline: the zoo, layer tables, DDP's buckets."""

@@ -1,0 +1,355 @@
+"""``sparsim plan`` (experiments/plan.py): the ranked table equals the timeline (and a ``sparsim run`` of the same
+scenario) exactly, its split sums to the iteration, the break-even ratio is t_dense / t, the why column names the
+largest term, evidence gives exact iterations and predicted times to a target, and bad input is one line, exit 2."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from experiments import plan as pl
+from experiments.cli import main
+from sim.algorithms import REGISTRY, AlgorithmSpec
+from sim.engine.timeline import IterationTimeline, TimelinePolicy, simulate_timeline
+from sim.machine.network import get_preset
+from sim.workloads.devices import get_device
+from sim.workloads.zoo import get_model
+
+MODEL = "resnet20-cifar"
+SMALL = dict(model=MODEL, network="10GbE", P="4", densities="0.01", algorithms="dense,topk,gtopk",
+             policies="model,layer")
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A small plan: ResNet-20 on 10 GbE, P = 4, dense / Top-k / gTop-k at density 0.01, model and layer policies."""
+    inp = pl.resolve_plan(**SMALL)
+    return inp, pl.rank_rows(pl.simulate_plan(inp))
+
+
+def _row(rows, algorithm, collective, policy):
+    return next(r for r in rows if (r["algorithm"], r["collective"], r["policy"]) == (algorithm, collective, policy))
+
+
+def test_rows_equal_the_timeline_exactly(small):
+    inp, rows = small
+    wl, dev = get_model(MODEL), get_device("P102-100")
+    net = get_preset("10GbE")
+    d, k = wl.d, round(0.01 * wl.d)
+    assert {(r["algorithm"], r["collective"], r["policy"]) for r in rows} == {
+        ("dense", "ring", "ddp"), ("dense", "recursive_doubling", "ddp"), ("topk", "allgather", "model"),
+        ("topk", "allgather", "layer"), ("gtopk", "tree", "model"), ("gtopk", "tree", "layer"),
+        ("gtopk", "recursive_doubling", "model"), ("gtopk", "recursive_doubling", "layer")}
+    for r in rows:
+        spec = AlgorithmSpec(r["algorithm"], k=k if REGISTRY[r["algorithm"]].sparse else None, collective=r["collective"])
+        pol = TimelinePolicy() if r["density"] is None else TimelinePolicy(sparse=r["policy"])
+        res = simulate_timeline(spec, wl, 4, network=net, policy=pol, device=dev, batch_size=16, compute=inp.compute,
+                                engine="auto")
+        assert (r["iter_s"], r["compute_s"], r["select_s"], r["comm_s"]) == (
+            res.iter_s[0], res.compute_s[0], res.compress_s[0], res.comm_s[0]), r["config"]
+        assert r["k"] == (k if r["density"] is not None else None)
+        assert r["bytes_per_rank"] == res.bytes_per_rank and r["communication_ops"] == len(res.buckets)
+
+
+def test_rows_equal_a_sparsim_run_of_the_same_scenario(small, tmp_path):
+    """The plan's time per iteration is what ``sparsim run`` writes for the same [workload] scenario (same compute
+    model, device, specs): gTop-k per layer and dense on DDP buckets."""
+    _inp, rows = small
+    out = tmp_path / "r"
+    r = CliRunner().invoke(main, ["run", "--out", str(out), "--quiet", "--set", f'workload.model="{MODEL}"',
+                                  "--set", "cluster.network='10GbE'", "--set", "cluster.P=4",
+                                  "--set", "training.iterations=1", "--set", "compression.density=0.01",
+                                  "--set", "workload.sparse_policy='layer'", "--algorithms", "dense,gtopk"])
+    assert r.exit_code == 0, r.output
+    got = {x["algorithm"]: float(x["iter_time_s"]) for x in csv.DictReader(open(out / "metrics.csv"))}
+    assert got == {"dense": _row(rows, "dense", "ring", "ddp")["iter_s"],
+                   "gtopk": _row(rows, "gtopk", "tree", "layer")["iter_s"]}
+
+
+def test_split_sums_to_the_iteration(small):
+    _inp, rows = small
+    for r in rows:
+        assert r["compute_s"] + r["exposed_select_s"] + r["exposed_comm_s"] == pytest.approx(r["iter_s"], rel=1e-14)
+        assert r["exposed_select_s"] >= 0 and r["exposed_comm_s"] >= -1e-15
+        if r["density"] is None:
+            assert r["exposed_select_s"] == 0.0 and r["select_s"] == 0.0
+        if r["policy"] == "model":  # selection after backward: none of it hidden, no collective overlapped either
+            assert r["exposed_select_s"] == pytest.approx(r["select_s"], rel=1e-12)
+            assert r["iter_s"] == pytest.approx(r["compute_s"] + r["select_s"] + r["comm_s"], rel=1e-12)
+        if r["policy"] == "layer":  # per-layer selections overlap backward: less of it is exposed
+            assert r["exposed_select_s"] < r["select_s"]
+
+
+def test_break_even_is_dense_time_over_scheme_time(small):
+    _inp, rows = small
+    dense = _row(rows, "dense", "ring", "ddp")
+    assert dense["break_even_iteration_ratio"] == 1.0 and dense["speedup_over_dense"] == 1.0
+    for r in rows:
+        assert r["dense_iter_s"] == dense["iter_s"]
+        assert r["break_even_iteration_ratio"] == r["speedup_over_dense"] == dense["iter_s"] / r["iter_s"]
+    assert pl.break_even(3.0, 1.5) == 2.0 and pl.break_even(1.0, 4.0) == 0.25 and pl.break_even(1.0, 0.0) == math.inf
+    # N_s iterations of the scheme finish before N_d of dense iff N_s / N_d < the ratio
+    t_d, t_s = 0.12, 0.05
+    ratio = pl.break_even(t_d, t_s)
+    assert 2.3 * t_s < 1 * t_d and 2.5 * t_s > 1 * t_d and 2.3 < ratio < 2.5
+
+
+def test_ranked_by_iteration_time(small):
+    _inp, rows = small
+    assert [r["rank"] for r in rows] == list(range(1, len(rows) + 1))
+    assert [r["iter_s"] for r in rows] == sorted(r["iter_s"] for r in rows)
+
+
+def test_why_names_the_largest_term(small):
+    assert pl.why(0.85, 0.05, 0.10) == "compute-bound (85%)"
+    assert pl.why(0.20, 0.62, 0.18) == "selection 62%"
+    assert pl.why(0.10, 0.10, 0.80) == "exposed comm 80%"
+    assert pl.why(0.5, 0.5, 0.0) == "compute-bound (50%)"  # ties go to compute
+    _inp, rows = small
+    names = {"compute": "compute-bound", "selection": "selection", "exposed comm": "exposed comm"}
+    for r in rows:
+        parts = {"compute": r["compute_s"], "selection": r["exposed_select_s"], "exposed comm": r["exposed_comm_s"]}
+        top = max(parts, key=parts.get)
+        assert r["why"].startswith(names[top]), (r["why"], parts)
+        assert f"{parts[top] / r['iter_s']:.0%}" in r["why"]
+
+
+def test_exposed_selection_is_selection_outside_compute():
+    tl = IterationTimeline(1, 3.1, 0.0)
+    tl.compute.append([("forward a", 0.0, 1.0, {}), ("backward a", 1.0, 2.0, {}), ("update", 3.0, 3.1, {})])
+    tl.comm.append([("select bucket 0", 1.5, 2.5, {}), ("gtopk bucket 0", 2.5, 2.6, {}),
+                    ("select bucket 1", 2.6, 2.8, {}), ("select bucket 2", 2.9, 3.05, {})])
+    assert pl.exposed_selection_s(tl) == pytest.approx(0.5 + 0.2 + 0.1, rel=1e-12)
+
+
+def test_pareto_front():
+    pts = [(0.001, 5.0), (0.01, 3.0), (0.1, 4.0), (0.1, 6.0), (0.01, 7.0)]
+    assert pl.pareto_front(pts) == [1, 2]  # (0.01, 3) and (0.1, 4): each beats the others on density or time
+    assert pl.pareto_front([(0.1, 1.0), (0.01, 2.0)]) == [0]
+
+
+def test_run_writes_table_csv_and_figure(tmp_path):
+    inp = pl.resolve_plan(**{**SMALL, "P": "4,8", "policies": "model"})
+    path, rows, lines = pl.run_plan(inp, tmp_path / "plan", top=3)
+    for f in ("plan.csv", "plan.md", "pareto.png", "pareto.pdf", "summary.json"):
+        assert (path / f).is_file() and (path / f).stat().st_size > 0, f
+    with open(path / "plan.csv") as fh:
+        got = list(csv.DictReader(fh))
+    assert tuple(got[0]) == pl.COLUMNS and len(got) == len(rows) == 2 * len(inp.configs)
+    assert [float(g["iter_s"]) for g in got] == [r["iter_s"] for r in rows]
+    assert sum(ln.startswith("P = ") for ln in lines) == 2
+    s = json.loads((path / "summary.json").read_text())
+    assert s["P"] == [4, 8] and s["compute_costs"] == inp.costs
+    assert set(s["dense_iter_s"]) == {"4", "8"}
+
+
+# ------------------------------------------------------------------ evidence
+
+ITERS = (0, 10, 20, 30, 40)
+#: (algorithm, density, seed) -> test accuracy at ITERS: Top-k reaches 0.8 at 20 and 30, dense at 10 and 20,
+#: gTop-k with one seed of two (at 40)
+CURVES = {("topk", 0.01, 0): (0.1, 0.5, 0.81, 0.85, 0.86), ("topk", 0.01, 1): (0.1, 0.4, 0.7, 0.8, 0.84),
+          ("dense", None, 0): (0.1, 0.8, 0.85, 0.86, 0.87), ("dense", None, 1): (0.1, 0.6, 0.82, 0.86, 0.87),
+          ("gtopk", 0.01, 0): (0.1, 0.3, 0.5, 0.7, 0.8), ("gtopk", 0.01, 1): (0.1, 0.3, 0.5, 0.6, 0.7)}
+
+
+def _run_dir(path, algorithm, density, seed, *, model=MODEL, P=4, batch=16, dataset=None, collective=None):
+    """A sparsim run directory as a [model] / workload run writes it: summary.json (scenario, resolved d, the
+    algorithms' specs) and metrics.csv (one algorithm, test_accuracy at the evaluated iterations, empty between)."""
+    d = get_model(MODEL).d
+    algo = REGISTRY[algorithm]
+    k = round(density * d) if density is not None else None
+    spec = AlgorithmSpec(algorithm, k=k, collective=collective)
+    import dataclasses
+
+    scen = {"seed": seed, "algorithms": [algorithm], "cluster": {"P": P, "network": "10GbE"},
+            "training": {"batch_size": batch}, "compression": {"density": density or 0.01},
+            "workload": {"model": model, "sparse_policy": "model", "dense_policy": "ddp"}}
+    if dataset is not None:
+        scen["model"], scen["data"] = {"name": model}, {"dataset": dataset}
+        scen["workload"].pop("model")
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(json.dumps({"scenario": scen, "resolved": {"d": d},
+                                                   "algorithms": [dataclasses.asdict(spec)]}))
+    with open(path / "metrics.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["algorithm", "iteration", "sim_time_s", "test_accuracy"])
+        for it in range(0, 41):
+            acc = CURVES[algorithm, density, seed][ITERS.index(it)] if it in ITERS else ""
+            w.writerow([spec.label, it, 0.0, acc])
+
+
+@pytest.fixture
+def evidence_dir(tmp_path):
+    root = tmp_path / "ev"
+    for (alg, dens, seed) in CURVES:
+        _run_dir(root / "runs" / f"{alg}_{dens}_s{seed}", alg, dens, seed)
+    return root
+
+
+def test_evidence_parsing_and_prediction_are_exact(evidence_dir):
+    ev = pl.load_evidence(evidence_dir)
+    assert len(ev.runs) == 6 and ev.Ps == {4} and ev.batch_sizes == {16} and ev.densities == {0.01}
+    topk0 = next(r for r in ev.runs if r.algorithm == "topk" and r.seed == 0)
+    assert topk0.iterations == ITERS and topk0.values == CURVES["topk", 0.01, 0]
+    assert pl.iterations_to_target(topk0.iterations, topk0.values, 0.8) == 20
+    assert pl.iterations_to_target(topk0.iterations, topk0.values, 0.9) is None
+    assert pl.iterations_to_target((0, 5), (2.0, 0.5), 1.0, lower_is_better=True) == 5
+    inp = pl.resolve_plan(model=MODEL, network="10GbE", algorithms="dense,topk,gtopk:tree,randk", policies="model,layer",
+                          evidence=ev)
+    assert inp.Ps == (4,) and inp.densities == (0.01,) and inp.sc.training.batch_size == 16
+    rows = pl.rank_rows(pl.predict(pl.simulate_plan(inp), ev, 0.8, inp.workload.d))
+    t = _row(rows, "topk", "allgather", "model")
+    assert (t["evidence"], t["seeds"], t["n_reached"]) == ("reached", 2, 2)
+    assert (t["tta_iterations_mean"], t["tta_iterations_min"], t["tta_iterations_max"]) == (25.0, 20.0, 30.0)
+    assert t["tta_iterations_std"] == float(np.std([20, 30], ddof=1))
+    assert t["tta_s_mean"] == float(np.mean([20 * t["iter_s"], 30 * t["iter_s"]]))
+    assert t["tta_s_std"] == float(np.std([20 * t["iter_s"], 30 * t["iter_s"]], ddof=1))
+    for coll in ("ring", "recursive_doubling"):  # dense sums exactly: its evidence holds for either collective
+        dn = _row(rows, "dense", coll, "ddp")
+        assert dn["evidence"] == "reached" and dn["tta_iterations_mean"] == 15.0
+        assert dn["tta_s_mean"] == float(np.mean([10 * dn["iter_s"], 20 * dn["iter_s"]]))
+    g = _row(rows, "gtopk", "tree", "model")
+    assert (g["evidence"], g["n_reached"], g["seeds"], g["tta_iterations_min"]) == ("not reached", 1, 2, 40.0)
+    assert math.isnan(g["tta_s_mean"])
+    assert _row(rows, "topk", "allgather", "layer")["evidence"] == "none"  # per-layer selection: other numerics
+    assert _row(rows, "randk", "allgather", "model")["evidence"] == "none"
+    # order: every seed reached (by predicted time), then no evidence (by time per iteration), then not reached
+    groups = [r["evidence"] for r in rows]
+    assert groups == sorted(groups, key=["reached", "none", "not reached"].index)
+    reached = [r["tta_s_mean"] for r in rows if r["evidence"] == "reached"]
+    assert reached == sorted(reached)
+    none = [r["iter_s"] for r in rows if r["evidence"] == "none"]
+    assert none == sorted(none)
+
+
+def test_csv_evidence_gives_the_same_prediction(evidence_dir, tmp_path):
+    p = tmp_path / "ev.csv"
+    with open(p, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["algorithm", "density", "seed", "iteration", "test_accuracy", "P", "batch_size"])
+        for (alg, dens, seed), vals in CURVES.items():
+            for it, v in zip(ITERS, vals):
+                w.writerow([alg, "" if dens is None else dens, seed, it, v, 4, 16])
+    kw = dict(model=MODEL, network="10GbE", algorithms="dense:ring,topk,gtopk:tree", policies="model")
+    a, b = pl.load_evidence(evidence_dir), pl.load_evidence(p)
+    ra = pl.predict(pl.simulate_plan(pl.resolve_plan(**kw, evidence=a)), a, 0.8, get_model(MODEL).d)
+    rb = pl.predict(pl.simulate_plan(pl.resolve_plan(**kw, evidence=b)), b, 0.8, get_model(MODEL).d)
+    keys = ("evidence", "n_reached", "tta_iterations_mean", "tta_iterations_min", "tta_s_min", "iter_s")
+    assert [[r.get(k) for k in keys] for r in ra] == [[r.get(k) for k in keys] for r in rb]
+
+
+def test_cli_ranks_by_evidence(evidence_dir, tmp_path):
+    r = CliRunner().invoke(main, ["plan", "--model", MODEL, "--network", "10GbE", "--algorithms", "dense:ring,topk",
+                                  "--policies", "model", "--evidence", str(evidence_dir), "--target", "0.8",
+                                  "--out", str(tmp_path / "p"), "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "ranked by predicted time to test_accuracy 0.8" in r.output
+    with open(tmp_path / "p" / "plan.csv") as fh:
+        got = list(csv.DictReader(fh))
+    assert tuple(got[0]) == pl.COLUMNS + pl.EVIDENCE_COLUMNS
+    assert {g["algorithm"]: g["tta_iterations_mean"] for g in got} == {"dense": "15.0", "topk": "25.0"}
+
+
+# ------------------------------------------------------------------ bad input: one line, exit 2
+
+def _cli(args, tmp_path):
+    r = CliRunner().invoke(main, ["plan", *args, "--out", str(tmp_path / "p"), "--quiet"])
+    return r
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "resnet5000", "--network", "10GbE"], "--model 'resnet5000' is unknown: valid a zoo model (resnet20-cifar"),
+    (["--network", "10GbE"], "no model to plan for: valid --model NAME"),
+    (["--model", MODEL, "--network", "5GbE"], "--network '5GbE' is unknown: valid 1GbE, 10GbE, IB100"),
+    (["--model", MODEL, "--network", "10GbE", "--algorithms", "topq"], "--algorithms: 'topq' is unknown: valid dense, topk"),
+    (["--model", MODEL, "--network", "10GbE", "--algorithms", "topk:tree"],
+     "collective 'tree' is not one the simulator times for topk here: valid allgather"),
+    (["--model", MODEL, "--network", "10GbE", "--algorithms", "topk:hierarchical"], "hierarchical needs a cluster preset"),
+    (["--model", MODEL, "--network", "10GbE", "--densities", "0"], "--densities: '0' is out of range: valid 0 < density <= 1"),
+    (["--model", MODEL, "--network", "10GbE", "--densities", "1.5"], "'1.5' is out of range: valid 0 < density <= 1"),
+    (["--model", MODEL, "--network", "10GbE", "--densities", "x"], "--densities: 'x' is not a number"),
+    (["--model", MODEL, "--network", "10GbE", "--policies", "tensor"], "--policies: 'tensor' is unknown: valid model, bucket, layer"),
+    (["--model", MODEL, "--network", "10GbE", "--P", "0"], "--P 0 is out of range: valid 1 <= P <= 65536"),
+    (["--model", MODEL, "--network", "dgx-h100", "--P", "12"], "cluster.P = 12 is not a multiple of gpus_per_node = 8"),
+    (["--model", MODEL, "--device", "TPU"], "--device: device = 'TPU' is unknown: valid devices are P102-100"),
+    (["--model", MODEL, "--network", "10GbE", "--target", "0.8"], "--target 0.8 needs --evidence"),
+    (["--model", MODEL, "--network", "10GbE", "--evidence", "/nonexistent/ev", "--target", "0.8"],
+     "--evidence '/nonexistent/ev' does not exist"),
+    (["--anchors", "--model", MODEL], "--model: --anchors runs the papers' settings"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
+    r = _cli(args, tmp_path)
+    assert r.exit_code == 2 and needle in r.output, r.output
+    assert r.output.startswith("error:") and len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "p").exists()
+
+
+def test_evidence_mismatch_and_unreached_target_are_one_line_exit_2(evidence_dir, tmp_path):
+    base = ["--model", MODEL, "--network", "10GbE", "--algorithms", "dense:ring,topk,gtopk:tree", "--policies", "model",
+            "--evidence", str(evidence_dir)]
+    cases = [
+        (["--target", "0.9"], "--target 0.9 is never reached in the evidence (6 runs, best test_accuracy 0.87): "
+                              "valid a target <= 0.87"),
+        (["--target", "0.8", "--model", "vgg16-cifar"], "the evidence is for model 'resnet20-cifar', the plan for "
+                                                        "'vgg16-cifar'"),
+        (["--target", "0.8", "--P", "8"], "recorded at P = 4, the plan's P are 8: valid --P including 4"),
+        (["--target", "0.8", "--batch-size", "32"], "trained at 16 samples per worker, the plan times 32: valid "
+                                                    "--batch-size 16"),
+        (["--target", "0.8", "--densities", "0.001"], "density 0.01 policy model (from"),
+        (["--target", "0.8", "--metric", "test_loss"], "metrics.csv has no column 'test_loss': valid --metric one of"),
+    ]
+    for extra, needle in cases:
+        r = _cli(base + extra, tmp_path)  # an option given twice: the last counts
+        assert r.exit_code == 2 and needle in r.output, (extra, r.output)
+        assert r.output.startswith("error:") and len(r.output.strip().splitlines()) == 1
+        assert not (tmp_path / "p").exists()
+
+
+def test_evidence_of_another_data_set_is_refused(tmp_path):
+    pytest.importorskip("torch")
+    root = tmp_path / "ev"
+    _run_dir(root / "a", "dense", None, 0, model="mlp-256", dataset="mnist")
+    ev = pl.load_evidence(root)
+    with pytest.raises(pl.ConfigError, match="trained on 'mnist', the plan's model on 'fashion-mnist'"):
+        pl.resolve_plan(model="mlp-256", network="10GbE", algorithms="dense:ring", evidence=ev)
+    inp = pl.resolve_plan(model="mlp-256", network="10GbE", algorithms="dense:ring", evidence=ev,
+                          overrides=["data.dataset='mnist'"])
+    assert inp.model == "mlp-256" and inp.dataset == "mnist" and inp.Ps == (4,)
+
+
+def test_a_scenario_file_gives_the_model_cluster_and_axes(tmp_path):
+    from experiments.resolve import compute_costs
+    from experiments.scenario import load_scenario
+
+    p = tmp_path / "s.toml"
+    p.write_text('algorithms = ["gtopk"]\n[cluster]\nP = 8\nnetwork = "10GbE"\n[compression]\ndensity = 0.005\n'
+                 '[workload]\nmodel = "resnet20-cifar"\nsparse_policy = "layer"\ndevice = "V100"\n')
+    inp = pl.resolve_plan(str(p))
+    assert (inp.Ps, inp.densities, inp.policies, inp.device.name) == ((8,), (0.005,), ("layer",), "V100")
+    assert [(c.algorithm, c.collective) for c in inp.configs] == [("gtopk", "tree"), ("gtopk", "recursive_doubling")]
+    sc = load_scenario(str(p))
+    assert inp.costs == compute_costs(sc, get_device("V100"))
+    inp2 = pl.resolve_plan(str(p), ["cluster.network='1GbE'"], P="4,16", densities="0.01,0.1", policies="model,bucket")
+    assert (inp2.Ps, inp2.densities, inp2.policies, inp2.network) == ((4, 16), (0.01, 0.1), ("model", "bucket"), "1GbE")
+    p.write_text(p.read_text().replace('sparse_policy = "layer"', 'sparse_policy = "hybrid"\nhybrid_plan = "x.json"'))
+    with pytest.raises(pl.ConfigError):
+        pl.resolve_plan(str(p))
+
+
+def test_anchor_verdicts_follow_the_rules():
+    rows = pl.agarwal_rows(models=(MODEL,), bandwidths=(1, 9, 100), variants=(("device costs", ()),))
+    assert [r["paper"] for r in rows] == ["helps", "borderline", "rarely helps"]
+    for r in rows:
+        assert r["speedup"] == r["dense_s"] / r["best_s"]
+        assert r["advisor"] == ("helps" if r["best_s"] < r["dense_s"] else "does not help")
+        assert r["agree"] == ("-" if r["paper"] == "borderline" else
+                              "yes" if (r["advisor"] == "helps") == (r["paper"] == "helps") else "no")
+    es = pl.espresso_rows(sizes=(2 ** 10, 2 ** 19, 2 ** 20), variants=(("device costs", ()),))
+    assert [r["paper"] for r in es] == ["compress above 2^19", "compress above 2^20"]
+    lines = pl.anchor_lines(rows + es)
+    assert lines[0].startswith("## Agarwal") and any(ln.startswith("## Espresso") for ln in lines)
