@@ -254,3 +254,18 @@ def test_torch_selection_on_the_gpu_gives_the_same_indices():
                 assert idx.device.type == "cuda"
                 np.testing.assert_array_equal(idx.cpu().numpy(), want.idx)
                 assert val.cpu().numpy().tobytes() == want.val.tobytes()
+
+
+def test_the_numba_kernels_load_whenever_numba_is_installed():
+    """numba is a dependency: the kernels must load with it. After the layering move they silently did not (their
+    loader still imported sim._topk_numba), and every top-k and merge ran the numpy path, 5x slower."""
+    import importlib.util
+
+    import sim.comm.collectives as K
+    from sim.base.optional import kernels
+
+    if importlib.util.find_spec("numba") is None:
+        pytest.skip("numba is not installed")
+    assert C._kernels() is not None and K._kernels() is not None
+    with pytest.raises(ModuleNotFoundError):
+        kernels("sim.comm._no_such_kernels")  # a moved module is an error, not the slow path

@@ -1,4 +1,4 @@
-"""Optional compiled kernels: import a numba module of this package once, or report that numba is missing."""
+"""Optional compiled kernels: import a numba module once, or report that numba is missing."""
 from __future__ import annotations
 
 import functools
@@ -6,13 +6,17 @@ import importlib
 
 
 @functools.cache
-def kernels(name: str):
-    """The module ``sim.<name>`` (a numba kernel module such as ``_topk_numba``), imported once; None when it
-    cannot be imported (numba is optional: every caller has a numpy path that gives the same bits, slower)."""
+def kernels(module: str):
+    """The numba kernel module ``module`` (its full name, e.g. ``"sim.comm._topk_numba"``, given by the package that
+    owns it), imported once; None when numba is not installed (numba is optional: every caller has a numpy path
+    that gives the same bits, slower). Any other ImportError is raised: a kernel module that moved or broke must
+    not silently turn into the slow path."""
     try:
-        return importlib.import_module(f"sim.{name}")
-    except ImportError:
-        return None
+        return importlib.import_module(module)
+    except ImportError as err:
+        if (err.name or "").split(".")[0] == "numba":
+            return None
+        raise
 
 
 def torch_module(user: str):

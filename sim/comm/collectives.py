@@ -300,7 +300,7 @@ _CHUNKED_MIN_P = 1024
 
 
 def _kernels():
-    return kernels("_sparse_numba")
+    return kernels("sim.comm._sparse_numba")
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:

@@ -181,7 +181,7 @@ _NUMBA_MIN_D = 1 << 15
 
 
 def _kernels():
-    return kernels("_topk_numba")
+    return kernels("sim.comm._topk_numba")
 
 
 def _nan_error(x: np.ndarray, i: int | None = None) -> NonFiniteError:
