@@ -13,6 +13,7 @@ Every rank builds the same scenario (deterministic from its seed) and runs each 
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,7 +33,9 @@ __all__ = ["main", "scenario_job", "run_built", "TORCH_NET_CLOCK"]
 def main(argv=None) -> int:
     """torchrun entry point: ``python -m experiments.torch_run [SCENARIO] --out DIR [--set K=V ...]
     [--algorithms A,B] [--timeout S] [--dist-backend auto|gloo|nccl] [--backend-allreduce] [--force]``. Rank 0 writes DIR
-    (via DIR.partial). Returns the exit code (2 and one line for user errors)."""
+    (via DIR.partial). Returns the exit code: 2 and one line for user errors and for a group that cannot form
+    (MASTER_PORT in use, ranks that never joined, named, a timeout too small: :func:`sim.distributed.backend.
+    init_from_env`) or fails (torch's c10d errors)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m experiments.torch_run")
@@ -46,8 +49,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backend-allreduce", action="store_true", help="sets torch.backend_allreduce = true")
     ap.add_argument("--force", action="store_true")
     a = ap.parse_args(argv)
+    import torch.distributed as dist
+
     try:
-        import torch.distributed as dist
 
         from sim.distributed.backend import init_from_env
 
@@ -70,6 +74,12 @@ def main(argv=None) -> int:
         return 0
     except SparsimError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except dist.DistError as err:  # torch's own c10d errors after set-up (a peer gone, a store timeout): one line
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        rank = os.environ.get("RANK", "?")
+        print(f"error: rank {rank}: torch.distributed failed ({type(err).__name__}: {first[:300]}); a peer "
+              "died or hung, or --timeout is too small for this run", file=sys.stderr)
         return 2
 
 

@@ -54,7 +54,7 @@ from sim.engine.cluster import CATEGORY_OF_KIND
 from sim.engine.replay import StepTrace
 from sim.comm.compression import Sparse, selection_device
 from sim.base.process import die_with_parent
-from sim.base.errors import SparsimError, check_range
+from sim.base.errors import SparsimError, check_range, range_text
 from sim.base.ops import AllReduce, Compute, Recv, Send, SendRecv, signature
 
 __all__ = [
@@ -67,6 +67,8 @@ __all__ = [
     "WorkerResult",
     "BACKEND_ALLREDUCE",
     "launch_local",
+    "hung_ranks",
+    "HANG_GRACE_S",
     "DistContext",
     "init_from_env",
     "pingpong_job",
@@ -615,19 +617,121 @@ def _pick_backend(backend: str) -> tuple[str, str, int]:
     return backend, "cpu", local
 
 
+#: The valid range of ``torch.timeout_s`` (s), as the scenario schema has it, for the set-up errors below.
+_TIMEOUT_RANGE = "valid 0 < timeout_s <= 604_800 s, default 60"
+
+
+def _timeout_hint(timeout_s: float) -> str:
+    """The closing words of a set-up error that ran out of time: the timeout, its key and its valid range."""
+    small = " (too small to start and connect the ranks: raise it)" if timeout_s < 1.0 else ""
+    return f"--timeout / torch.timeout_s = {timeout_s:g} s{small}; {_TIMEOUT_RANGE}"
+
+
+def _env_int(name: str, lo: int, hi: int | None = None) -> int:
+    text = os.environ[name]
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < lo or (hi is not None and value > hi):
+        raise SparsimError(f"environment variable {name} = {text!r} is out of range: valid integer "
+                           + range_text(name, lo, hi))
+    return value
+
+
+def _join(rank: int, P: int, addr: str, port: int, timeout_s: float):
+    """Rendezvous of torchrun's ranks at ``addr:port``: rank 0 hosts the store (unless torchrun's agent does), every
+    rank checks in and waits for all P, so a rank that never joins is named. Returns the store. Raises SparsimError
+    (one line) for a port in use, an unreachable rendezvous, missing ranks or a timeout too small to connect."""
+    import torch.distributed as dist
+
+    td = datetime.timedelta(seconds=timeout_s)
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent hosts the store
+    host = rank == 0 and not agent
+    where = f"{addr}:{port}"
+    try:
+        store = dist.TCPStore(addr, port, P, is_master=host, timeout=td, wait_for_workers=False, multi_tenant=True)
+    except (RuntimeError, OSError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "EADDRINUSE" in first or "address already in use" in first.lower():
+            raise SparsimError(f"rank {rank}: MASTER_PORT {port} is in use on this machine (another process listens "
+                               "there), so rank 0 cannot host the rendezvous: choose a free port, valid 1 <= "
+                               "MASTER_PORT <= 65535") from None
+        if host:
+            raise SparsimError(f"rank 0 could not open its own rendezvous at {where} within the timeout: "
+                               f"{_timeout_hint(timeout_s)}") from None
+        raise SparsimError(f"rank {rank} could not reach the rendezvous at {where} (MASTER_ADDR:MASTER_PORT) within "
+                           f"the timeout: rank 0 never started there, the address is wrong, or the timeout is too "
+                           f"short; {_timeout_hint(timeout_s)}") from None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    keys = [f"sparsim/attempt_{attempt}/joined/{r}" for r in range(P)]
+    try:
+        store.set(keys[rank], "1")
+        store.wait(keys, td)
+    except (RuntimeError, OSError):
+        try:
+            missing = [r for r in range(P) if not store.check([keys[r]])]
+        except (RuntimeError, OSError):  # the store itself is gone (rank 0, its host, died)
+            missing = None
+        who = ("the rendezvous host (rank 0) went away" if missing is None else
+               f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of P = {P} never joined")
+        raise SparsimError(f"rank {rank}: {who} at {where} within the timeout (start every rank with the same "
+                           f"MASTER_ADDR, MASTER_PORT and WORLD_SIZE); {_timeout_hint(timeout_s)}") from None
+    return store
+
+
+class _HeldStderr:
+    """Holds what this process writes to file descriptor 2 (torch's C++ c10d log lines and stack frames) in a
+    temporary file while set-up runs: replayed to stderr when it succeeds, dropped when it fails with a one-line
+    error (which says all the frames would)."""
+
+    def __enter__(self):
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        self.file = tempfile.TemporaryFile()
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, kind, value, tb):
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        if kind is None:
+            self.file.seek(0)
+            text = self.file.read()
+            if text:
+                sys.stderr.buffer.write(text) if hasattr(sys.stderr, "buffer") else sys.stderr.write(text.decode())
+                sys.stderr.flush()
+        self.file.close()
+        return False
+
+
 def init_from_env(*, backend: str = "auto", timeout_s: float = 60.0) -> DistContext:
     """Join the process group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT); backend "auto" picks NCCL when a GPU is visible, else gloo. timeout_s: seconds before a
-    blocked operation fails. Returns a :class:`DistContext`. Raises SparsimError if the variables are missing."""
+    MASTER_PORT); backend "auto" picks NCCL when a GPU is visible, else gloo. timeout_s (s, > 0): how long the
+    rendezvous may take (every rank waits for all WORLD_SIZE ranks to check in) and how long a blocked operation
+    waits afterwards. Returns a :class:`DistContext`. Raises SparsimError, one line: a variable missing or out of
+    range, MASTER_PORT in use, the rendezvous unreachable, ranks that never joined (named), a process group that
+    did not form; the set-up errors name the timeout and its valid range."""
     import torch.distributed as dist
 
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise SparsimError(f"torchrun environment variables {', '.join(missing)} are not set: launch with torchrun")
+    check_range("timeout_s", timeout_s, 0, 604_800, lo_open=True)
+    P = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0, P - 1)
+    port = _env_int("MASTER_PORT", 1, 65535)
     be, device, _ = _pick_backend(backend)
-    rank, P = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group(be, init_method="env://", rank=rank, world_size=P,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    with _HeldStderr():
+        store = _join(rank, P, os.environ["MASTER_ADDR"], port, timeout_s)
+        try:
+            dist.init_process_group(be, store=store, rank=rank, world_size=P,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        except (RuntimeError, OSError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise SparsimError(f"rank {rank}: the {be} process group of P = {P} did not form ({first[:200]}); "
+                               f"{_timeout_hint(timeout_s)}") from None
     return DistContext(rank, P, TorchTransport(rank, P, device=device, timeout_s=timeout_s), device, timeout_s)
 
 
@@ -711,6 +815,28 @@ def _rank_logs(tmpdir: str, P: int) -> str:
     return "".join(parts)
 
 
+#: Seconds past the timeout before the launcher kills a rank that made no progress once another rank failed (a peer
+#: blocked on it gives up after the timeout; the hung rank is killed this much later) -- see :func:`hung_ranks`.
+HANG_GRACE_S = 2.0
+
+
+def hung_ranks(now: float, first_fail: float, beats, working, timeout_s: float,
+               grace_s: float = HANG_GRACE_S) -> dict[int, float]:
+    """The rule by which :func:`launch_local` kills hung ranks once a rank has failed, on a given clock (s).
+
+    now, first_fail: the clock now and when the first rank was seen failing (``first_fail <= now``). beats: per
+    rank, the clock at its last progress (0: none yet). working: per rank, bool, alive and not yet done.
+    timeout_s: the transport's timeout (s). A working rank whose last progress is more than ``timeout_s + grace_s``
+    old is hung: a rank blocked on a peer gives up after ``timeout_s`` by itself, so one silent for longer is stopped
+    (SIGSTOP, a debugger) or stuck, and killing it at once reports the run ``grace_s`` after its peers gave up, not
+    ``timeout_s + grace_s`` after that. Ranks that made no progress yet are left to the launcher's overall limit
+    (``timeout_s + grace_s`` after ``first_fail``). Returns {rank: seconds since its last progress} of the hung
+    ranks (empty before anything qualifies).
+    """
+    limit = timeout_s + grace_s
+    return {r: now - b for r, (b, w) in enumerate(zip(beats, working)) if w and b > 0 and now - b > limit}
+
+
 def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float = 60.0, backend: str = "gloo",
                  start_timeout_s: float = 120.0, stall_timeout_s: float | None = None) -> list:
     """Run ``target(ctx, *args)`` in P local processes joined by torch.distributed on loopback.
@@ -718,7 +844,9 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
     P: ranks (>= 1). target: a module-level function (spawn pickles it by name) taking a
     :class:`DistContext`; its return value must be picklable and comes back here. timeout_s (> 0): how
     long any rank may block on a peer, and how long the others get to stop after one fails; hung
-    ranks are then killed (timeout_s + 2 s after the first failure). stall_timeout_s (> 0, or None: off,
+    ranks are then killed: once a rank has failed, a rank with no progress for timeout_s + 2 s at once
+    (:func:`hung_ranks`; a peer waiting on it gave up after timeout_s), every other rank still running
+    timeout_s + 2 s after the first failure. stall_timeout_s (> 0, or None: off,
     the default): a watchdog that ends the run when *no* rank has made progress for that long -- every
     rank stuck in local computation, where no peer is left waiting to time out -- naming each rank and
     its iteration. Progress is a :class:`TorchTransport` operation or ``dist.all_reduce`` of
@@ -767,7 +895,7 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
             p.start()
         t_launch = time.monotonic()
         first_fail = None
-        killed: list[int] = []
+        killed: dict[int, str] = {}
         stalled: dict[int, str] = {}
         while True:
             alive = [p for p in procs if p.exitcode is None]
@@ -792,14 +920,23 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
                 for p in procs:
                     p.join(10)
                 break
-            if first_fail is not None and time.monotonic() - first_fail > timeout_s + 2.0:
-                for r, p in enumerate(procs):
-                    if p.exitcode is None:
-                        killed.append(r)
-                        p.kill()
-                for p in procs:
-                    p.join(10)
-                break
+            if first_fail is not None:
+                done = [r for r in range(P) if procs[r].exitcode is None and iters[r] == -1]
+                late = hung_ranks(now, first_fail, [beats[r] for r in range(P)],
+                                  [procs[r].exitcode is None and r not in done for r in range(P)], timeout_s)
+                if now - first_fail > timeout_s + HANG_GRACE_S:  # the rest: done but not shutting down, never started
+                    late.update({r: None for r, p in enumerate(procs) if p.exitcode is None and r not in late})
+                for r, idle in late.items():
+                    where = f" in iteration {iters[r]}" if iters[r] > 0 else ""
+                    killed[r] = (f"rank {r} hung{where} (no progress for {idle:.3g} s: its peers give up after the "
+                                 f"{timeout_s:g} s timeout, it was killed {HANG_GRACE_S:g} s later)" if idle is not None
+                                 else f"rank {r} hung (still running {timeout_s + HANG_GRACE_S:g} s after another "
+                                 "rank failed; killed)")
+                    procs[r].kill()
+                if late and all(p.exitcode is not None or r in killed for r, p in enumerate(procs)):
+                    for p in procs:
+                        p.join(10)
+                    break
         results, problems = [], []
         for r, p in enumerate(procs):
             path = os.path.join(tmpdir, f"result_{r}.pkl")
@@ -807,8 +944,7 @@ def launch_local(P: int, target: Callable, args: tuple = (), *, timeout_s: float
             if r in stalled:
                 problems.append((0, stalled[r]))
             elif r in killed:
-                problems.append((1, f"rank {r} hung (still running {timeout_s + 2:g} s after another rank failed; "
-                                    "killed)"))
+                problems.append((1, killed[r]))
             elif os.path.exists(err):
                 text = open(err).read().splitlines()[0]
                 # a rank that merely saw its peer go away is a consequence, not the cause
