@@ -447,6 +447,55 @@ def hybrid() -> str:
          "plan's density", "best uniform (ms)", "gain", "dense DDP ms"], body)
 
 
+def _advisor_csv(name: str) -> list[dict]:
+    with (EXPERIMENT_RESULTS / "advisor-validation" / f"{name}.csv").open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _advisor_label(r: dict) -> str:
+    return r["algorithm"] + (f" {float(r['density']):g}" if r["density"] else "")
+
+
+def advisor_rankings() -> str:
+    """The agreement of each ranking with the measured one, from ``docs/results/advisor-validation/rankings.csv``
+    (``sparsim experiment validate-advisor``)."""
+    body = []
+    for r in _advisor_csv("rankings"):
+        agree = {"True": "yes", "False": "no"}.get(r["top1_agree"], "n/a")
+        body.append([f(r["target"], "g"), r["cluster"], r["ranker"], r["configurations"],
+                     f(r["kendall_tau"], "+.3f") or "n/a", f(r["p_value"], ".2g") or "n/a", r["top1"] or "none",
+                     r["top1_measured"] or "none", agree])
+    return experiment_provenance("advisor-validation") + "\n\n" + table(
+        ["target", "cluster", "ranked by", "configurations", "Kendall tau-b", "p", "top-1", "measured top-1",
+         "top-1 agrees"], body)
+
+
+def advisor_cases() -> str:
+    """Per target, cluster and configuration: predicted and measured time to accuracy and the ranks, from
+    ``docs/results/advisor-validation/cases.csv`` (mean over the seeds; 'never' / 'not reached (n/N)' when a seed
+    is predicted never / did not reach the target)."""
+    def cell(v, n, N, spec, never):
+        return f(v, spec) if v else f"{never} ({n}/{N})"
+
+    rows = sorted(_advisor_csv("cases"), key=lambda r: (float(r["target"]), r["cluster"] != "gtopk-icdcs",
+                                                         int(r["rank_measured"]), int(r["rank_predicted"])))
+    body = []
+    for r in rows:
+        N = r["seeds"]
+        obs = f" ({r['n_observed']}/{N} seen)" if r["n_observed"] != "0" else ""
+        body.append([f(r["target"], "g"), r["cluster"], _advisor_label(r), f(r["iter_time_s"], ".4g"),
+                     f(r["accuracy_at_window"], ".4f"),
+                     cell(r["predicted_iteration"], r["n_predicted"], N, ".0f", "never") + obs,
+                     cell(r["predicted_tta_s"], r["n_predicted"], N, ".3g", "never"),
+                     cell(r["measured_iteration"], r["n_reached"], N, ".0f", "not reached"),
+                     cell(r["measured_tta_s"], r["n_reached"], N, ".3g", "not reached"),
+                     r["rank_measured"], r["rank_predicted"], r["rank_time_per_iteration"], r["rank_error_x_time"]])
+    return experiment_provenance("advisor-validation") + "\n\n" + table(
+        ["target", "cluster", "configuration", "s / iteration", "test acc at 20 %", "predicted iterations",
+         "predicted TTA (s)", "measured iterations", "measured TTA (s)", "rank: measured", "learning curve",
+         "s / iteration", "(1 - acc) x s / it"], body)
+
+
 # ------------------------------------------------------------------ tables the code defines
 
 def _cli(*args: str) -> str:
@@ -505,6 +554,8 @@ BLOCKS: dict[str, tuple[Callable[[], str], str]] = {
     "crossover-simulated": (_part("crossover", "Simulated on the fast engine", None), "docs/results/crossover/report.md"),
     "bounds-results": (_part("bounds", "| objective |", None), "docs/results/bounds/results.md"),
     "tta-results": (_part("tta", "| algorithm |", None), "docs/results/tta/results.md"),
+    "advisor-rankings": (advisor_rankings, "docs/results/advisor-validation/rankings.csv"),
+    "advisor-cases": (advisor_cases, "docs/results/advisor-validation/cases.csv"),
 }
 
 

@@ -515,10 +515,12 @@ def markdown(cases: list[dict], rankings: list[dict], *, fraction: float, source
 
 
 def _figure(cases: list[dict], outdir: Path) -> None:
-    """validation.png / .pdf: predicted against measured time to accuracy (log-log), one panel per target, one marker
+    """validation.png / .pdf: predicted against measured time to accuracy (log-log), one panel per target (two per
+    row), one marker
     per configuration and cluster (colour: cluster; marker: algorithm; filled: the larger density); 'never' and 'not
     reached' drawn on a band beyond the largest finite value; the diagonal y = x."""
     from matplotlib.lines import Line2D
+    from matplotlib.transforms import blended_transform_factory
 
     from .plots import figure_legend, plt
 
@@ -527,8 +529,12 @@ def _figure(cases: list[dict], outdir: Path) -> None:
     algs = list(dict.fromkeys(c["algorithm"] for c in cases))
     dens = sorted({c["density"] for c in cases if c["density"] is not None})
     markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
-    fig, axes = plt.subplots(1, len(targets), figsize=(5.4 * len(targets), 5.4), squeeze=False)
-    for ax, target in zip(axes[0], targets):
+    ncol = min(len(targets), 2)
+    nrow = -(-len(targets) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.6 * ncol, 5.0 * nrow + 0.8), squeeze=False)
+    for ax in axes.flat[len(targets):]:
+        ax.set_visible(False)
+    for ax, target in zip(axes.flat, targets):
         rows = [c for c in cases if c["target"] == target]
         fin = [v for c in rows for v in (c["predicted_tta_s"], c["measured_tta_s"]) if math.isfinite(v) and v > 0]
         lo, hi = (min(fin), max(fin)) if fin else (1e-3, 1.0)
@@ -543,11 +549,14 @@ def _figure(cases: list[dict], outdir: Path) -> None:
         ax.plot([lo / 2, edge * 1.5], [lo / 2, edge * 1.5], color="0.4", ls="--", lw=0.9)
         ax.axvline(edge / 1.7, color="0.7", lw=0.8)
         ax.axhline(edge / 1.7, color="0.7", lw=0.8)
-        ax.text(edge, lo / 1.6, "not\nreached", ha="center", va="bottom", fontsize=8, color="0.35")
-        ax.text(lo / 1.6, edge, "never", ha="left", va="center", fontsize=8, color="0.35")
+        ax.text(edge, 1.01, "not reached", transform=blended_transform_factory(ax.transData, ax.transAxes),
+                ha="center", va="bottom", fontsize=8, color="0.35")
+        ax.text(1.01, edge, "never", transform=blended_transform_factory(ax.transAxes, ax.transData), ha="left",
+                va="center", fontsize=8, color="0.35")
         ax.set(xscale="log", yscale="log", xlim=(lo / 2, edge * 1.5), ylim=(lo / 2, edge * 1.5),
                xlabel="measured time to accuracy (simulated s, full runs)",
-               ylabel="predicted from the first 20 % (simulated s)", title=f"target test accuracy {target:g}")
+               ylabel="predicted from the first 20 % (simulated s)")
+        ax.set_title(f"target test accuracy {target:g}", pad=14)
         ax.grid(alpha=0.3, which="both")
     handles = [Line2D([], [], ls="", marker="o", color=f"C{i}", ms=8) for i in range(len(clusters))]
     labels = list(clusters)
