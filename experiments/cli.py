@@ -281,8 +281,9 @@ def scenario_keys_cmd():
                    "GPUs per node G x 1, 2, 4, ..., 32]")
 @click.option("--d", "d", type=int, default=25_000_000, show_default=True, help="parameters")
 @click.option("--density", type=float, default=0.001, show_default=True, help="k/d")
-@click.option("--network", default="1GbE", show_default=True,
-              help="flat preset (1GbE, 10GbE, IB100) or cluster preset (gtopk-icdcs, v100-25GbE, dgx-h100)")
+@click.option("--network", default=None,
+              help="flat preset (1GbE, 10GbE, IB100) or cluster preset (gtopk-icdcs, v100-25GbE, dgx-h100) [default: "
+                   "1GbE; not with --alpha-s / --bandwidth-Bps / --calibration]")
 @click.option("--simulate", is_flag=True, help="also simulate each collective and print it next to the closed form")
 @click.option("--engine", type=click.Choice(["auto", "fast", "message"]), default=None,
               help="engine of --simulate [default: auto] (message: every message an event; slow beyond P ~ 256)")

@@ -26,12 +26,26 @@ __all__ = ["predict_lines", "MESSAGE_ENGINE_MAX_P"]
 MESSAGE_ENGINE_MAX_P = 4096
 
 
-def predict_lines(P: str | None, d: int, density: float, network: str, simulate: bool, engine: str | None,
+def _check_readable_file(option: str, path: str) -> None:
+    """SparsimError (one line) unless ``path`` is an existing regular file: a missing path, a folder and a device
+    (/dev/null) or pipe each say which."""
+    import os
+
+    if not os.path.exists(path):
+        raise SparsimError(f"{option} {path!r} does not exist: valid the path of a TOML file")
+    if not os.path.isfile(path):
+        kind = "a directory" if os.path.isdir(path) else "not a regular file (a device, a pipe or a socket)"
+        raise SparsimError(f"{option} {path!r} is {kind}: valid the path of a TOML file")
+
+
+def predict_lines(P: str | None, d: int, density: float, network: str | None, simulate: bool, engine: str | None,
                   collectives: str | None, alpha_s: float | None, bandwidth_Bps: float | None,
                   calibration: str | None) -> Iterator[str]:
     """The lines of ``sparsim predict`` (without newlines), one option per argument: ``P`` comma-separated worker
     counts (1..65536; None: 4..128, or G x 1..32 for a cluster preset of G GPUs per node), ``d`` parameters,
-    ``density`` k/d in (0, 1], ``network`` a flat or cluster preset name, ``simulate`` whether to simulate each
+    ``density`` k/d in (0, 1], ``network`` a flat or cluster preset name (None: 1GbE, unless the network is given
+    otherwise; a named preset together with ``alpha_s`` / ``bandwidth_Bps`` / ``calibration`` is an error, 1GbE
+    included), ``simulate`` whether to simulate each
     collective too (``engine`` auto, fast or message; only with it), ``collectives`` comma-separated columns
     (None: every algorithm's main collectives), or a custom star network of ``alpha_s`` seconds and
     ``bandwidth_Bps`` bytes/s, or the [cluster] of the ``calibration`` file. Closed-form times in ms; with
@@ -42,6 +56,13 @@ def predict_lines(P: str | None, d: int, density: float, network: str, simulate:
     if engine is not None and not simulate:
         raise SparsimError(f"--engine {engine} chooses the engine of --simulate: valid only with --simulate")
     engine = engine or "auto"
+    custom_given = alpha_s is not None or bandwidth_Bps is not None or calibration is not None
+    if network is not None and custom_given:  # one or the other: a named preset is never silently replaced
+        given = ", ".join(f"--{n} {v}" for n, v in (("alpha-s", alpha_s), ("bandwidth-Bps", bandwidth_Bps),
+                                                     ("calibration", calibration)) if v is not None)
+        raise SparsimError(f"--network {network} and {given} each name the network: give one of them")
+    if network is None and not custom_given:
+        network = "1GbE"
     if P is None:
         G = CLUSTER_PRESETS[network].gpus_per_node if network in CLUSTER_PRESETS else 1
         P = ",".join(str(G * m) for m in ((1, 2, 4, 8, 16, 32) if G > 1 else (4, 8, 16, 32, 64, 128)))
@@ -52,13 +73,11 @@ def predict_lines(P: str | None, d: int, density: float, network: str, simulate:
     for p in Ps:
         check_range("P", p, 1, 65536)
     custom = None
-    if alpha_s is not None or bandwidth_Bps is not None or calibration is not None:
-        if network != "1GbE":
-            raise SparsimError(f"--network {network} and --alpha-s / --bandwidth-Bps / --calibration each name the "
-                               "network: give one of them")
+    if custom_given:
         if calibration is not None:
             if alpha_s is not None or bandwidth_Bps is not None:
                 raise SparsimError("--calibration and --alpha-s / --bandwidth-Bps each name the network: give one")
+            _check_readable_file("--calibration", calibration)
             cal = load_scenario(calibration)
             if "cluster" not in cal.model_fields_set:  # the schema's default [cluster] is 1 GbE, not a calibration
                 raise SparsimError(f"--calibration {calibration}: the file has no [cluster] table: valid a scenario or "

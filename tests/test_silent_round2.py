@@ -127,3 +127,101 @@ def test_sigstopped_rank_is_reported_timeout_plus_grace_after_it_stopped(tmp_pat
     # the peer gives up after T, the stopped rank is killed HANG_GRACE_S later (measured 7.1 s); the old rule waited
     # another T + grace after the peer's failure (>= 2 T + grace = 12 s, measured 12.1 s). Upper bound, generous:
     assert elapsed < 2 * T + HANG_GRACE_S - 1.0, elapsed
+
+
+# ----------------------------------------------------------------------------------- LIBSVM files
+
+
+def _cli(args):
+    from click.testing import CliRunner
+
+    from experiments.cli import main
+
+    return CliRunner().invoke(main, args)
+
+
+def _cli_line(r) -> str:
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    return lines[0]
+
+
+def test_libsvm_fractional_label_is_an_error_naming_its_line(tmp_path):
+    from sim.base.errors import DataError
+    from sim.workloads.data import load_dataset
+
+    f = tmp_path / "frac.svm"
+    f.write_text("# a comment line\n1 1:0.5 2:1\n\n1.5 1:0.25 3:1\n0 2:1\n")
+    with pytest.raises(DataError, match=r"line 4 \(sample 1\): label 1\.5 is not a whole number"):
+        load_dataset("libsvm", f)  # it used to become a third class, 1.5 -> 1
+    f.write_text("1 1:0.5\n-1 1:0.25\n3e0 2:1\n")  # whole numbers in any notation stay classes
+    ds = load_dataset("libsvm", f)
+    assert ds.n_classes == 3 and ds.y.tolist() == [1, 0, 2]
+
+
+def test_libsvm_malformed_file_names_the_first_bad_line(tmp_path):
+    from sim.base.errors import DataError
+    from sim.workloads.data import load_dataset
+
+    f = tmp_path / "bad.svm"
+    lines = [f"{i % 2} 1:{i}.5 2:1" for i in range(1000)]
+    lines[736] = "0 1:0.25 3:x"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"malformed LIBSVM file .*, line 737 \('0 1:0\.25 3:x'\): could not convert"):
+        load_dataset("libsvm", f)
+    lines[736] = "0 3:0.25 1:1"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"line 737 \('0 3:0\.25 1:1'\): Feature indices .* sorted"):
+        load_dataset("libsvm", f)
+
+
+def test_libsvm_unreadable_file_says_so_not_malformed(tmp_path, monkeypatch):
+    import sim.workloads.data as data
+    from sim.base.errors import DataError
+
+    f = tmp_path / "ok.svm"
+    f.write_text("1 1:0.5\n0 1:0.25\n")
+
+    def denied(path, *a, **k):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(data, "open", denied, raising=False)  # as chmod 000 for a user who is not root
+    with pytest.raises(DataError, match=r"^cannot read LIBSVM file .*ok\.svm': Permission denied$"):
+        data.load_dataset("libsvm", f)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/null"), reason="needs /dev/null")
+def test_libsvm_device_or_folder_is_named_as_such(tmp_path):
+    from sim.base.errors import DataError
+    from sim.workloads.data import load_dataset
+
+    with pytest.raises(DataError, match=r"'/dev/null' is not a regular file \(a device, a pipe or a socket\): valid"):
+        load_dataset("libsvm", "/dev/null")
+    with pytest.raises(DataError, match=r"is a directory: valid the path of a LIBSVM text file"):
+        load_dataset("libsvm", tmp_path)
+
+
+# ----------------------------------------------------------------------------------- predict
+
+
+def test_predict_named_preset_with_alpha_is_an_error_not_overridden():
+    line = _cli_line(_cli(["predict", "--network", "1GbE", "--alpha-s", "1e-5", "--bandwidth-Bps", "1e9",
+                           "--P", "4"]))
+    assert "--network 1GbE and --alpha-s 1e-05, --bandwidth-Bps 1000000000.0 each name the network" in line
+    line = _cli_line(_cli(["predict", "--network", "IB100", "--calibration", "x.toml", "--P", "4"]))
+    assert "--network IB100 and --calibration x.toml each name the network" in line
+    # either alone still works: the default is 1GbE, the custom star replaces it
+    default = _cli(["predict", "--P", "4"])
+    named = _cli(["predict", "--P", "4", "--network", "1GbE"])
+    custom = _cli(["predict", "--P", "4", "--alpha-s", "1e-5", "--bandwidth-Bps", "1e9"])
+    assert default.exit_code == named.exit_code == custom.exit_code == 0
+    assert default.output == named.output and "alpha = 1e-05 s, beta = 1e-09 s/byte" in custom.output
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/null"), reason="needs /dev/null")
+def test_predict_calibration_device_is_not_called_missing(tmp_path):
+    line = _cli_line(_cli(["predict", "--calibration", "/dev/null"]))
+    assert "--calibration '/dev/null' is not a regular file (a device, a pipe or a socket)" in line
+    line = _cli_line(_cli(["predict", "--calibration", str(tmp_path / "none.toml")]))
+    assert "none.toml' does not exist" in line

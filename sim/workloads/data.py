@@ -230,6 +230,54 @@ class Dataset:
         return issparse(self.X)
 
 
+def _libsvm_lines(path: str) -> list[bytes]:
+    """The lines of a LIBSVM file as sklearn.datasets.load_svmlight_file reads it (``.gz`` / ``.bz2`` decompressed)."""
+    if path.endswith(".gz"):
+        import gzip
+
+        opener = gzip.open
+    elif path.endswith(".bz2"):
+        import bz2
+
+        opener = bz2.open
+    else:
+        opener = open
+    with opener(path, "rb") as fh:
+        return fh.read().splitlines(keepends=True)
+
+
+def _libsvm_bad_line(path: str, load) -> tuple[int, str, str] | None:
+    """The first line of a LIBSVM file that ``load`` (load_svmlight_file on a file object) refuses: (1-based line
+    number, the line's text cut to 80 characters, the loader's message on one line); None when no prefix of whole
+    lines fails (an error of the file as a whole). A binary search over prefixes of whole lines: each line is read
+    on its own, so the first prefix that fails ends at the bad line."""
+    import io
+
+    try:
+        lines = _libsvm_lines(path)
+    except OSError:
+        return None
+
+    def fails(m: int) -> str | None:
+        try:
+            load(io.BytesIO(b"".join(lines[:m])))
+        except Exception as exc:  # noqa: BLE001 - the loader raises ValueError/IndexError/...
+            return " ".join(str(exc).split()) or type(exc).__name__
+        return None
+
+    lo, hi = 0, len(lines)  # the first hi lines fail (once found), the first lo lines do not
+    if fails(hi) is None:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fails(mid) is not None:
+            hi = mid
+        else:
+            lo = mid
+    text = lines[hi - 1].decode("utf-8", "replace").strip()
+    return hi, (text if len(text) <= 80 else text[:77] + "..."), fails(hi)
+
+
 def _load_libsvm(path) -> tuple[sp.csr_matrix, np.ndarray, int, str]:
     if path is None:
         raise ConfigError("path = None: the 'libsvm' data set needs path = a LIBSVM file")
@@ -237,19 +285,39 @@ def _load_libsvm(path) -> tuple[sp.csr_matrix, np.ndarray, int, str]:
     if not os.path.exists(path):
         raise DataError(f"LIBSVM file not found: {path!r}")
     if not os.path.isfile(path):
-        raise DataError(f"LIBSVM path is not a regular file: {path!r}")
+        kind = "a directory" if os.path.isdir(path) else "not a regular file (a device, a pipe or a socket)"
+        raise DataError(f"LIBSVM path {path!r} is {kind}: valid the path of a LIBSVM text file")
+    try:
+        with open(path, "rb") as fh:  # a file that cannot be read is not a malformed one
+            fh.read(1)
+    except OSError as err:
+        raise DataError(f"cannot read LIBSVM file {path!r}: {err.strerror or err}") from None
     from sklearn.datasets import load_svmlight_file
 
+    def load(src):
+        return load_svmlight_file(src, dtype=np.float64)
+
     try:
-        X, y_raw = load_svmlight_file(path, dtype=np.float64)
+        X, y_raw = load(path)
+    except OSError as err:
+        raise DataError(f"cannot read LIBSVM file {path!r}: {err.strerror or err}") from None
     except Exception as exc:  # noqa: BLE001 - the loader raises ValueError/IndexError/...; report in one line
         msg = " ".join(str(exc).split()) or type(exc).__name__
+        bad = _libsvm_bad_line(path, load)
+        if bad is not None:
+            lineno, text, msg = bad
+            raise DataError(f"malformed LIBSVM file {path!r}, line {lineno} ({text!r}): {msg}") from None
         raise DataError(f"malformed LIBSVM file {path!r}: {msg}") from None
     if X.shape[0] == 0:
         raise DataError(f"LIBSVM file {path!r} holds no samples: valid files have >= 1 line")
-    if not np.all(np.isfinite(y_raw)):
-        row = int(np.flatnonzero(~np.isfinite(y_raw))[0])
-        raise DataError(f"LIBSVM file {path!r}: label on row {row} is not finite")
+    bad_label = ~np.isfinite(y_raw) | (y_raw != np.round(y_raw))
+    if np.any(bad_label):
+        row = int(np.flatnonzero(bad_label)[0])
+        found = _libsvm_line(path, row)
+        where = f"line {found[0]} (sample {row})" if found is not None else f"sample {row}"
+        why = ("is not finite" if not np.isfinite(y_raw[row]) else
+               "is not a whole number: labels are classes, valid integers such as 0/1, -1/+1 or 1..C")
+        raise DataError(f"LIBSVM file {path!r}, {where}: label {float(y_raw[row])!r} {why}")
     classes, y = np.unique(y_raw, return_inverse=True)
     import scipy.sparse as sp
 
@@ -317,7 +385,7 @@ def load_dataset(
     - ``"digits"``: ``sklearn.datasets.load_digits`` (UCI optical digits 8x8), X dense ``(1797, 64)``
       scaled to [0, 1] by /16, y in 0..9.
     - ``"libsvm"``: the file ``path`` read by ``sklearn.datasets.load_svmlight_file``; X is scipy.sparse
-      CSR float64, labels mapped to ``0..C-1`` in sorted order (e.g. {-1, +1} -> {0, 1}).
+      CSR float64, labels (whole numbers: classes) mapped to ``0..C-1`` in sorted order (e.g. {-1, +1} -> {0, 1}).
     - ``"synthetic_epsilon"``: an epsilon-like (PASCAL 2008 epsilon: d = 2000, rows of unit norm)
       dense set of ``n`` samples, ``d`` features: X_ij ~ N(0, 1) then each row normalised to unit
       length; y = 1[sqrt(d) <a_i, w> + 0.5 e_i > 0] with w a unit Gaussian direction and e_i ~ N(0, 1)
@@ -329,8 +397,9 @@ def load_dataset(
     uses the full set). ``Dataset.n_classes`` stays that of the full set.
 
     Returns a :class:`Dataset`. Raises :class:`ConfigError` for an unknown name or out-of-range
-    ``n_max``/``d``/``n``/``seed``, :class:`DataError` for a missing or malformed file (the message
-    names the path and, for a malformed one, gives the loader's message on one line) and for NaN/Inf
+    ``n_max``/``d``/``n``/``seed``, :class:`DataError` for a missing, unreadable (says so) or malformed file (the
+    message names the path and, for a malformed one, the first bad line, its text and the loader's message on one
+    line), a label that is not a whole number or not finite (naming its line), and for NaN/Inf
     or a value beyond :data:`DATA_ABS_MAX` (1e100) in X (naming the data set and the first bad
     ``(row, column)``; for a LIBSVM file also its line and the feature index as written there).
     """
