@@ -134,8 +134,11 @@ def check_run(run_dir, *, write: bool = True) -> CheckReport:
 
     Per-step checks (Assumption 1, Lemma 2) need only measured quantities and always run; Theorem 1 and Corollary 2
     need L, M and f*, and are left out (with a note naming the unknown constant) when the objective cannot give
-    them (a ReLU network on images, a synthetic objective without M). Raises ConfigError if the directory is not a
-    finished run.
+    them (a ReLU network on images, a synthetic objective without M). The run's scenario is rebuilt and summary.json's
+    d, k, B and constants must be what it gives (else ConfigError: the verdicts would use constants the run never
+    had); where it cannot be rebuilt (data not here) a note says they were not verified. A directory that cannot be
+    written still gets its report (a note names the files not written). Raises ConfigError if the directory is not
+    a finished run.
     """
     run_dir = Path(run_dir)
     sp = run_dir / "summary.json"
@@ -157,8 +160,17 @@ def check_run(run_dir, *, write: bool = True) -> CheckReport:
     except (ValueError, KeyError, TypeError, StopIteration, IndexError) as err:  # JSONDecodeError is a ValueError
         raise ConfigError(f"{str(run_dir)!r} is not a readable finished run directory: summary.json or metrics.csv "
                           f"is damaged ({type(err).__name__}: {err})") from None
+    built, why = _rebuild(summary)
+    if built is not None:
+        _verify_resolved(run_dir, summary, built)
     consts, unknown = _constants(c, f0)
     report = CheckReport(str(run_dir), consts)
+    if built is None:
+        report.notes.append(f"summary.json's d, k, B and constants (L, M, f*) were not verified against the run's "
+                            f"scenario: {why}")
+    else:
+        report.notes.append("summary.json's d, k, B and constants (L, M, f*) are those its scenario gives (rebuilt "
+                            "and recomputed here)")
     bounds_ok = not unknown
     gamma, gamma_how, d_c, k_c = _gamma(summary, d, k)
     report.notes.append(f"gamma = {gamma:.12g}: {gamma_how}")
@@ -167,7 +179,7 @@ def check_run(run_dir, *, write: bool = True) -> CheckReport:
                             "and Lemma 2 need only measured quantities and are checked")
     report.notes.append(
         "Theorem 1 and Corollary 2 bound an expectation over the sampling; a single run is one sample of it.")
-    bias = _sampling_bias(summary)
+    bias = _sampling_bias(summary, built)
     if bias is not None:
         report.notes.append(
             f"unbiasedness: the bounds assume E[G_t] = grad f(v_t); here E[G] (the mean of the P shards' mean "
@@ -238,27 +250,65 @@ def check_run(run_dir, *, write: bool = True) -> CheckReport:
                                                              theta=theta, T=T)
                 report.verdicts.append(Verdict(alg, f"Corollary 2 [{variant}]", emp, b, emp <= b, b - emp,
                                                f"theta = {theta:.4g}"))
-    if write and bounds_ok:
-        _figure(report, by_alg, run_dir, consts["L"]["value"], consts["M"]["value"], B,
-                consts["f0_minus_fstar"]["value"], gamma, eta)
-    return _finish(report, run_dir, write)
+    figure = (lambda: _figure(report, by_alg, run_dir, consts["L"]["value"], consts["M"]["value"], B,
+                              consts["f0_minus_fstar"]["value"], gamma, eta)) if bounds_ok else None
+    return _finish(report, run_dir, write, figure)
 
 
-def _sampling_bias(summary: dict) -> float | None:
-    """||E[G] - grad f|| / ||grad f|| at the run's x_0, where E[G] = (1/P) sum_p (mean gradient of shard p): the
-    bias of the averaged stochastic gradient that unequal shards cause (uniform sampling within each shard).
-    None when the scenario cannot be rebuilt here (another backend's data, a missing file)."""
-    import numpy as np
-
+def _rebuild(summary: dict):
+    """The run's scenario (summary.json's ``scenario``) built again here: (Built, "") or (None, why not) when it
+    cannot be (its data are not on this machine, a file moved, another version's keys)."""
     from .build import build
     from .scenario import Scenario
 
+    try:
+        return build(Scenario.model_validate(summary["scenario"])), ""
+    except Exception as err:  # noqa: BLE001 - the run's data are not available here: say so, do not guess
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return None, f"it cannot be rebuilt here ({first[:200]})"
+
+
+#: Relative tolerance of a recomputed constant against summary.json's (an eigensolver's last bits may differ
+#: between machines; JSON keeps every float exactly).
+CONSTANT_RTOL = 1e-9
+
+
+def _verify_resolved(run_dir: Path, summary: dict, built) -> None:
+    """Raise ConfigError (one line) unless summary.json's resolved d, k, global batch B and constants (L, L_f, M,
+    f*) are those the run's own scenario gives (``built``: it rebuilt): an edited summary.json, or one written by
+    another version, would otherwise give verdicts on constants the run never had."""
+    res = summary["resolved"]
+    want = {"d": built.d, "k": built.k, "global_batch_B": len(built.shards) * int(summary["scenario"]["training"]
+                                                                                     ["batch_size"])}
+    for key, value in want.items():
+        if int(res[key]) != int(value):
+            raise ConfigError(f"{str(run_dir)!r}: summary.json says resolved.{key} = {res[key]!r} but the run's "
+                              f"scenario gives {value!r}: summary.json was edited or written by another version; "
+                              "rerun the scenario")
+    got = built.objective.constants()
+    for key, rec in got.items():
+        have = res["constants"].get(key, {}).get("value")
+        new = rec.get("value")
+        same = (have is None and new is None) or (have is not None and new is not None and
+                                                  math.isclose(float(have), float(new), rel_tol=CONSTANT_RTOL,
+                                                               abs_tol=0.0))
+        if not same:
+            raise ConfigError(f"{str(run_dir)!r}: summary.json says constants.{key} = {have!r} but the run's "
+                              f"objective gives {new!r}: summary.json was edited or written by another version; "
+                              "rerun the scenario")
+
+
+def _sampling_bias(summary: dict, built=None) -> float | None:
+    """||E[G] - grad f|| / ||grad f|| at the run's x_0, where E[G] = (1/P) sum_p (mean gradient of shard p): the
+    bias of the averaged stochastic gradient that unequal shards cause (uniform sampling within each shard).
+    built: the run rebuilt (:func:`_rebuild`; None: built here). None when the scenario cannot be rebuilt here
+    (another backend's data, a missing file)."""
+    import numpy as np
+
     if summary.get("scenario", {}).get("model", {}).get("name"):
         return None  # a network: P+1 full passes over the data to measure a bias that equal iid shards do not have
-    try:
-        sc = Scenario.model_validate(summary["scenario"])
-        b = build(sc)
-    except Exception:  # the run's data are not available here: say nothing rather than guess
+    b = built if built is not None else _rebuild(summary)[0]
+    if b is None:  # the run's data are not available here: say nothing rather than guess
         return None
     x0, obj = b.x0, b.objective
     full = obj.full_grad(x0)
@@ -298,8 +348,18 @@ def _figure(report, by_alg, run_dir, L, M, B, F, gamma, eta):
     plt.close(fig)
 
 
-def _finish(report: CheckReport, run_dir: Path, write: bool) -> CheckReport:
+def _finish(report: CheckReport, run_dir: Path, write: bool, figure=None) -> CheckReport:
+    """Write check.png (``figure()``, when given), check.json and check.txt into ``run_dir`` when ``write``; a
+    directory that cannot be written (read-only, full) leaves the verdicts as they are and adds a note saying
+    which files were not written and why, so the caller still prints them."""
     if write:
-        atomic_write_text(run_dir / "check.json", json.dumps(report.to_json(), indent=2, default=float))
-        atomic_write_text(run_dir / "check.txt", report.render() + "\n")
+        try:
+            if figure is not None:
+                figure()
+            atomic_write_text(run_dir / "check.json", json.dumps(report.to_json(), indent=2, default=float))
+            atomic_write_text(run_dir / "check.txt", report.render() + "\n")
+        except OSError as err:
+            names = ("check.png, " if figure is not None else "") + "check.json and check.txt"
+            report.notes.append(f"{names} were not written: {str(run_dir)!r} cannot be written "
+                                f"({err.strerror or type(err).__name__}); the verdicts above are complete")
     return report

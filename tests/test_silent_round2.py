@@ -225,3 +225,66 @@ def test_predict_calibration_device_is_not_called_missing(tmp_path):
     assert "--calibration '/dev/null' is not a regular file (a device, a pipe or a socket)" in line
     line = _cli_line(_cli(["predict", "--calibration", str(tmp_path / "none.toml")]))
     assert "none.toml' does not exist" in line
+
+
+# ----------------------------------------------------------------------------------- sparsim check
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("check") / "r"
+    r = _cli(["run", "--out", str(out), "--quiet", "--set", "training.iterations=5", "--algorithms", "topk"])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def _edited_copy(run_dir, dest, edit):
+    import json
+    import shutil
+
+    shutil.copytree(run_dir, dest)
+    sp = dest / "summary.json"
+    s = json.loads(sp.read_text())
+    edit(s)
+    sp.write_text(json.dumps(s))
+    return dest
+
+
+@pytest.mark.parametrize("key,edit", [
+    ("constants.L", lambda s: s["resolved"]["constants"]["L"].update(value=2 * s["resolved"]["constants"]["L"]["value"])),
+    ("constants.M", lambda s: s["resolved"]["constants"]["M"].update(value=1e6)),
+    ("resolved.k", lambda s: s["resolved"].update(k=s["resolved"]["k"] + 1)),
+    ("resolved.global_batch_B", lambda s: s["resolved"].update(global_batch_B=1)),
+])
+def test_check_refuses_constants_the_run_did_not_have(small_run, tmp_path, key, edit):
+    copy = _edited_copy(small_run, tmp_path / "r", edit)
+    line = _cli_line(_cli(["check", str(copy)]))
+    assert f"summary.json says {key} = " in line and "edited or written by another version" in line
+    assert not (copy / "check.json").exists()
+
+
+def test_check_says_when_the_constants_cannot_be_verified(small_run, tmp_path, monkeypatch):
+    import experiments.check as check
+
+    monkeypatch.setattr(check, "_rebuild", lambda summary: (None, "it cannot be rebuilt here (data gone)"))
+    rep = check.check_run(small_run, write=False)
+    assert any(n.startswith("summary.json's d, k, B and constants (L, M, f*) were not verified") and "data gone" in n
+               for n in rep.notes)
+    assert rep.verdicts  # the verdicts are still given, with the note beside them
+
+
+def test_check_on_a_directory_it_cannot_write_still_prints_its_verdicts(small_run, tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    import experiments.check as check
+
+    def read_only(*a, **k):
+        raise PermissionError(30, "Read-only file system")
+
+    monkeypatch.setattr(check, "atomic_write_text", read_only)  # as a read-only mount, which root cannot chmod away
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", read_only)
+    r = _cli(["check", str(small_run)])
+    assert r.exit_code == 0, r.output
+    assert "Assumption 1" in r.output and "Corollary 2 [corrected]" in r.output
+    assert "note: check.png, check.json and check.txt were not written" in r.output
+    assert "(Read-only file system); the verdicts above are complete" in r.output
