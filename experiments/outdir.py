@@ -9,11 +9,13 @@ uses these three steps: :func:`check_out` before any work, :func:`partial_dir` t
 Two runs on one ``--out``: :func:`check_out` takes an exclusive lock (``filelock``, an OS file lock released
 when the process ends, whatever the way) keyed by the directory's absolute path, in the system's temporary
 directory (so nothing is left beside ``DIR``; runs on one machine see each other, runs on two machines
-sharing a file system do not), and holds it until :func:`publish`; a second run finds the lock held and stops
-at once with a one-line error, before it touches ``DIR.partial`` or ``DIR``.
+sharing a file system do not), and holds it until :func:`publish` (or the process's exit); a second run finds the
+lock held and stops at once with a one-line error, before it touches ``DIR.partial`` or ``DIR``. The lock file is
+removed as the lock is released (:class:`_DirLock`), so none pile up in the temporary directory.
 """
 from __future__ import annotations
 
+import atexit
 import csv
 import math
 import os
@@ -38,8 +40,15 @@ MARKER = ".sparsim-output"
 #: is complete (the CLI's exit 130 message) instead of implying that nothing was written.
 PUBLISHED: list[Path] = []
 
-#: Locks this process holds, by output directory (absolute path); released by :func:`publish`.
-_LOCKS: dict[str, FileLock] = {}
+#: Locks this process holds, by output directory (absolute path); released by :func:`publish` (or at exit).
+_LOCKS: dict = {}
+
+try:
+    import fcntl  # noqa: F401
+
+    _HAVE_FCNTL = True
+except ImportError:  # pragma: no cover - Windows
+    _HAVE_FCNTL = False
 
 
 def lock_path(out: Path) -> Path:
@@ -50,6 +59,72 @@ def lock_path(out: Path) -> Path:
     return Path(tempfile.gettempdir()) / "sparsim-locks" / f"{key}.lock"
 
 
+class _DirLock:
+    """An exclusive, non-blocking ``flock`` on a lock file that its holder removes as it releases it, so lock files do
+    not pile up in the temporary directory (one per --out ever written, before #23).
+
+    Safe to remove: the file is unlinked while still locked, and a process that locked a file no longer at the path
+    (it opened the file before its holder removed it) lets it go and locks the file there now. The kernel drops the
+    lock when the process ends, whatever the way; a file left by a killed process is removed by the next release of
+    the same --out. Interoperates with ``filelock.FileLock`` on the same path (both use ``flock``)."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+        self.fd: int | None = None
+
+    def acquire(self) -> bool:
+        """Lock the file (created if absent); False when another process holds it. Raises OSError."""
+        import errno
+        import fcntl
+
+        for _ in range(100):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                os.close(fd)
+                if err.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    return False
+                raise
+            try:
+                now = os.stat(self.path)
+            except FileNotFoundError:
+                now = None
+            if now is not None and os.path.samestat(now, os.fstat(fd)):
+                self.fd = fd
+                return True
+            os.close(fd)  # its holder removed this file as it released it: lock the one at the path now
+        return False
+
+    def release(self) -> None:
+        """Remove the lock file, then unlock it (no-op when not held)."""
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+
+class _PortableLock:
+    """Where there is no ``fcntl`` (Windows): ``filelock.FileLock``, whose file stays after release."""
+
+    def __init__(self, path: Path):
+        self.lock = FileLock(str(path), timeout=0, is_singleton=False)
+
+    def acquire(self) -> bool:
+        try:
+            self.lock.acquire()
+        except Timeout:
+            return False
+        return True
+
+    def release(self) -> None:
+        self.lock.release()
+
+
 def _lock(out: Path) -> None:
     key = str(Path(out).resolve())
     if key in _LOCKS:  # this process already writes it (a run resumed in the same process)
@@ -57,21 +132,33 @@ def _lock(out: Path) -> None:
     lp = lock_path(out)
     try:
         lp.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(lp), timeout=0, is_singleton=False)
-        lock.acquire()
-    except Timeout:
-        raise ConfigError(f"another sparsim run is writing {str(out)!r} (lock {str(lp)!r} is held): wait for it to "
-                          "finish or choose another --out") from None
+        lock = _DirLock(lp) if _HAVE_FCNTL else _PortableLock(lp)
+        held = lock.acquire()
     except OSError as err:
         raise ConfigError(f"cannot create the lock file {str(lp)!r} of {str(out)!r}: {err.strerror}") from None
+    if not held:
+        raise ConfigError(f"another sparsim run is writing {str(out)!r} (lock {str(lp)!r} is held): wait for it to "
+                          "finish or choose another --out")
+    if not _LOCKS:
+        atexit.register(_release_all)
     _LOCKS[key] = lock
 
 
 def release(out: Path) -> None:
-    """Release this process's lock on ``out`` (no-op when it holds none)."""
+    """Release this process's lock on ``out`` and remove its lock file (no-op when it holds none)."""
     lock = _LOCKS.pop(str(Path(out).resolve()), None)
     if lock is not None:
         lock.release()
+
+
+def _release_all() -> None:
+    """At exit: release every lock still held (a run that failed after :func:`check_out`), removing its file."""
+    for key in list(_LOCKS):
+        lock = _LOCKS.pop(key)
+        try:
+            lock.release()
+        except OSError:
+            pass
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -131,7 +218,8 @@ RESUME_KEY = ".sparsim-resume-key"
 
 def partial_dir(out: Path, *, fresh: bool = True, resume_key: str | None = None) -> Path:
     """Create and return ``out.partial`` holding :data:`MARKER` (emptied first when ``fresh``; kept to resume
-    otherwise). Raises ConfigError naming the path when it cannot be created (permissions, read-only) or
+    otherwise). Raises ConfigError naming the path when it cannot be created (permissions, read-only, a full disk:
+    a ``DIR.partial`` made by this call is removed again, one kept to resume is left as it was) or
     when it exists, is not empty and was not written by sparsim (no :data:`MARKER`): it is never removed then.
 
     resume_key (with ``fresh=False``): the settings that the kept runs depend on (an experiment's --quick and
@@ -150,6 +238,7 @@ def partial_dir(out: Path, *, fresh: bool = True, resume_key: str | None = None)
         except OSError:
             kept = None
         fresh = kept != resume_key
+    ours = fresh or not tmp.exists()  # made here, so removed here if it cannot be completed
     try:
         if fresh and tmp.exists():
             shutil.rmtree(tmp)
@@ -158,6 +247,8 @@ def partial_dir(out: Path, *, fresh: bool = True, resume_key: str | None = None)
         if resume_key is not None:
             (tmp / RESUME_KEY).write_text(resume_key)
     except OSError as err:
+        if ours:  # a full disk or a quota: no empty DIR.partial left behind (it would look like a run in progress)
+            shutil.rmtree(tmp, ignore_errors=True)
         raise ConfigError(f"cannot create the output directory {str(out)!r} (written first as {tmp.name!r}): "
                           f"{err.strerror}") from None
     return tmp

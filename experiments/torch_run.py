@@ -14,6 +14,7 @@ Every rank builds the same scenario (deterministic from its seed) and runs each 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -66,14 +67,23 @@ def main(argv=None) -> int:
         if ctx.rank == 0:
             out = Path(a.out)
             tmp = partial_dir(out)
-            write_run_directory(tmp, sc, build(sc), rows, time.perf_counter() - t0,
-                                backend=torch_backend_info(sc, ctx.P, launcher="torchrun"))
-            publish(tmp, out)
+            try:
+                write_run_directory(tmp, sc, build(sc), rows, time.perf_counter() - t0,
+                                    backend=torch_backend_info(sc, ctx.P, launcher="torchrun"))
+                publish(tmp, out)
+            except BaseException:  # a full disk, an interrupt: no half-written DIR.partial left behind
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             print(f"wrote {out}/")
         dist.destroy_process_group()
         return 0
     except SparsimError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the machine refuses a write (a full disk, a quota, read-only): one line, as sparsim run
+        where = f" {err.filename}" if err.filename else ""
+        print(f"error: rank {os.environ.get('RANK', '?')}: cannot write{where}: {err.strerror or err} (nothing was "
+              "published: free space or choose another --out)", file=sys.stderr)
         return 2
     except dist.DistError as err:  # torch's own c10d errors after set-up (a peer gone, a store timeout): one line
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

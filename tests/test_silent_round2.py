@@ -288,3 +288,127 @@ def test_check_on_a_directory_it_cannot_write_still_prints_its_verdicts(small_ru
     assert "Assumption 1" in r.output and "Corollary 2 [corrected]" in r.output
     assert "note: check.png, check.json and check.txt were not written" in r.output
     assert "(Read-only file system); the verdicts above are complete" in r.output
+
+
+# ----------------------------------------------------------------------------------- output directories
+
+
+def _enospc(*a, **k):
+    import errno
+
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_full_disk_leaves_no_empty_partial_directory(tmp_path, monkeypatch):
+    from experiments.outdir import MARKER, partial_dir
+    from sim.base.errors import ConfigError
+
+    monkeypatch.setattr(Path, "write_text", _enospc)  # the first write into DIR.partial: its marker
+    with pytest.raises(ConfigError, match=r"cannot create the output directory .*'r\.partial'\): No space left"):
+        partial_dir(tmp_path / "r")
+    assert not (tmp_path / "r.partial").exists()  # it used to stay, empty, looking like a run in progress
+    # a DIR.partial kept to resume an interrupted sweep is left as it was
+    monkeypatch.undo()
+    kept = partial_dir(tmp_path / "s", fresh=False, resume_key="k")
+    (kept / "run_a").write_text("finished")
+    monkeypatch.setattr(Path, "write_text", _enospc)
+    with pytest.raises(ConfigError, match="No space left"):
+        partial_dir(tmp_path / "s", fresh=False, resume_key="k")
+    assert (kept / "run_a").exists() and (kept / MARKER).exists()
+
+
+def test_full_disk_through_the_cli_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(Path, "write_text", _enospc)
+    out = tmp_path / "r"
+    line = _cli_line(_cli(["run", "--out", str(out), "--quiet", "--set", "training.iterations=2"]))
+    assert "No space left on device" in line
+    assert not out.exists() and not (tmp_path / "r.partial").exists()
+
+
+def test_torch_run_full_disk_is_one_line_and_leaves_no_partial(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[torch]'")
+    import torch.distributed as dist
+
+    import experiments.torch_run as tr
+
+    def full(tmp, *a, **k):
+        (tmp / "metrics.csv").write_text("half")
+        _enospc()
+
+    for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(_free_port())).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(tr, "write_run_directory", full)
+    out = tmp_path / "r"
+    try:
+        code = tr.main(["--out", str(out), "--set", "cluster.P=1", "--set", "training.iterations=2",
+                        "--algorithms", "dense", "--dist-backend", "gloo"])
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: rank 0: cannot write") and "No space left" in err and "\n" not in err
+    assert not out.exists() and not (tmp_path / "r.partial").exists()
+
+
+def test_lock_files_do_not_accumulate(tmp_path, monkeypatch):
+    import tempfile
+
+    from experiments.outdir import check_out, lock_path, partial_dir, publish, release
+    from sim.base.errors import ConfigError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    locks = tmp_path / "tmp" / "sparsim-locks"
+    for i in range(3):  # published runs
+        out = tmp_path / f"r{i}"
+        check_out(out, False)
+        assert lock_path(out).exists()
+        publish(partial_dir(out), out)
+        assert not lock_path(out).exists()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("not sparsim's")
+    with pytest.raises(ConfigError):  # refused after the lock was taken: released and removed too
+        check_out(tmp_path / "full", False)
+    out = tmp_path / "failed"
+    check_out(out, False)
+    release(out)  # what a failed run's exit does (atexit)
+    assert list(locks.iterdir()) == []
+
+
+def test_a_failed_run_removes_its_lock_file_at_exit(tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "experiments.cli", "run", "--out", str(tmp_path / "r"), "--quiet",
+                        "--set", "data.dataset=libsvm", "--set", f"data.path={tmp_path / 'missing.svm'}"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and "LIBSVM file not found" in r.stderr, r.stderr
+    assert (tmp_path / "sparsim-locks").is_dir() and list((tmp_path / "sparsim-locks").iterdir()) == []
+
+
+def test_removed_lock_file_is_never_held_twice(tmp_path, monkeypatch):
+    """The race that removing lock files opens: B opens the file A holds, A removes it and releases, B locks the
+    removed file. B must then lock the file at the path instead, so that it and a later C never both hold it."""
+    import experiments.outdir as outdir
+
+    path = tmp_path / "x.lock"
+    a = outdir._DirLock(path)
+    assert a.acquire()
+    real_open, opened = os.open, []
+
+    def open_then_a_releases(*args, **kw):
+        fd = real_open(*args, **kw)
+        opened.append(os.fstat(fd).st_ino)
+        if len(opened) == 1:
+            a.release()  # A removes the file B has just opened, then unlocks it
+        return fd
+
+    monkeypatch.setattr(outdir.os, "open", open_then_a_releases)
+    b = outdir._DirLock(path)
+    assert b.acquire()
+    monkeypatch.undo()
+    assert len(opened) == 2 and os.path.samestat(os.stat(path), os.fstat(b.fd))  # B holds the file at the path
+    c = outdir._DirLock(path)
+    assert not c.acquire()  # so C sees it held
+    b.release()
+    assert not path.exists() and c.acquire()
+    c.release()
