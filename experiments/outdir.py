@@ -71,6 +71,7 @@ class _DirLock:
     def __init__(self, path: Path):
         self.path = str(path)
         self.fd: int | None = None
+        self.pid = 0
 
     def acquire(self) -> bool:
         """Lock the file (created if absent); False when another process holds it. Raises OSError."""
@@ -91,19 +92,21 @@ class _DirLock:
             except FileNotFoundError:
                 now = None
             if now is not None and os.path.samestat(now, os.fstat(fd)):
-                self.fd = fd
+                self.fd, self.pid = fd, os.getpid()
                 return True
             os.close(fd)  # its holder removed this file as it released it: lock the one at the path now
         return False
 
     def release(self) -> None:
-        """Remove the lock file, then unlock it (no-op when not held)."""
+        """Remove the lock file, then unlock it (no-op when not held; in a forked child, which shares the parent's
+        lock, only its own descriptor is closed)."""
         if self.fd is None:
             return
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        if os.getpid() == self.pid:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
         os.close(self.fd)
         self.fd = None
 
