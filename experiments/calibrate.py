@@ -229,27 +229,53 @@ def calibrate(nproc: int = 2, min_bytes: int = 1, max_bytes: int = 1 << 24, repe
     return "\n".join(lines), fit
 
 
-def calibrate_to_file(out, *, force: bool = False, nproc: int = 2, min_bytes: int = 1, max_bytes: int = 1 << 24,
-                      repeats: int = 20, timeout_s: float = 60.0, pattern: str = "exchange",
-                      busy_s: float = 0.0) -> str:
-    """``sparsim calibrate``: :func:`calibrate` with these settings, its TOML text written to the file ``out``;
-    returns the text. The file name is checked before the measurement (which takes a while): SparsimError when
-    ``out`` is a directory, exists (unless ``force``) or its directory does not exist; SparsimError too when it
-    cannot be written, and whatever :func:`calibrate` raises."""
-    from pathlib import Path
+def _check_writable(p, force: bool) -> None:
+    """SparsimError (one line) unless the file ``p`` can be written: not a directory, absent (or ``force``), its
+    folder a directory this process can create a file in (tried: a permission, a read-only mount and a full disk
+    each say so before the measurement, not after it)."""
+    import os
+    import tempfile
 
     from sim.base.errors import SparsimError
 
-    p = Path(out)
     if p.is_dir():
         raise SparsimError(f"--out {str(p)!r} is a directory: name the TOML file to write")
     if p.exists() and not force:
         raise SparsimError(f"{str(p)!r} exists: choose another --out or pass --force")
-    if not p.parent.is_dir():  # checked before the measurement, not after it
-        raise SparsimError(f"--out {str(p)!r}: the directory {str(p.parent)!r} does not exist")
+    parent = p.parent
+    if not parent.exists():
+        raise SparsimError(f"--out {str(p)!r}: the directory {str(parent)!r} does not exist")
+    if not parent.is_dir():
+        raise SparsimError(f"--out {str(p)!r}: {str(parent)!r} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".probe")
+    except OSError as err:
+        raise SparsimError(f"--out {str(p)!r}: cannot write in {str(parent)!r} ({err.strerror or err}): choose a "
+                           "writable folder") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def calibrate_to_file(out, *, force: bool = False, nproc: int = 2, min_bytes: int = 1, max_bytes: int = 1 << 24,
+                      repeats: int = 20, timeout_s: float = 60.0, pattern: str = "exchange",
+                      busy_s: float = 0.0) -> str:
+    """``sparsim calibrate``: :func:`calibrate` with these settings, its TOML text written to the file ``out``;
+    returns the text. The file is checked before the measurement (which takes a while): SparsimError when ``out``
+    is a directory, exists (unless ``force``), its folder does not exist, is not a directory or cannot be written
+    in (permissions, read-only, full: a probe file is created and removed); SparsimError too when the write fails
+    after all (the file is written through a temporary one and a rename, never half), and whatever
+    :func:`calibrate` raises."""
+    from pathlib import Path
+
+    from sim.base.errors import SparsimError
+
+    from .outdir import atomic_write_text
+
+    p = Path(out)
+    _check_writable(p, force)  # before the measurement, not after it
     text, _fit = calibrate(nproc, min_bytes, max_bytes, repeats, timeout_s, pattern, busy_s)
     try:
-        p.write_text(text)
+        atomic_write_text(p, text)
     except OSError as err:
         raise SparsimError(f"cannot write {str(p)!r}: {err.strerror}") from None
     return text

@@ -412,3 +412,37 @@ def test_removed_lock_file_is_never_held_twice(tmp_path, monkeypatch):
     b.release()
     assert not path.exists() and c.acquire()
     c.release()
+
+
+# ----------------------------------------------------------------------------------- calibrate
+
+
+def test_calibrate_checks_that_it_can_write_before_timing(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    import experiments.calibrate as cal
+
+    timed = []
+    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: timed.append(a) or ("[cluster]\n", {}))
+    real = tempfile.mkstemp
+
+    def read_only(*a, dir=None, **k):
+        if dir is not None and Path(dir) == tmp_path:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real(*a, dir=dir, **k)
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)  # a read-only mount (root ignores chmod)
+    line = _cli_line(_cli(["calibrate", "--out", str(tmp_path / "cal.toml")]))
+    assert f"cannot write in {str(tmp_path)!r} (Read-only file system)" in line
+    assert timed == []  # refused before the measurement, which used to run first
+    monkeypatch.setattr(tempfile, "mkstemp", real)
+    assert _cli(["calibrate", "--out", str(tmp_path / "cal.toml")]).exit_code == 0
+    assert len(timed) == 1 and (tmp_path / "cal.toml").read_text() == "[cluster]\n"
+    assert [f.name for f in tmp_path.iterdir()] == ["cal.toml"]  # no probe left
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/null"), reason="needs /dev/null")
+def test_calibrate_out_under_a_file_says_it_is_not_a_directory():
+    line = _cli_line(_cli(["calibrate", "--out", "/dev/null/cal.toml"]))
+    assert "'/dev/null' is not a directory" in line
