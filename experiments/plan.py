@@ -1014,10 +1014,13 @@ def pareto_front(points) -> list[int]:
 
 
 def pareto_figure(rows: list[dict], outdir: Path, title: str) -> None:
-    """pareto.png / pareto.pdf: per P (one panel each), ms per iteration against density (log-log) of every
-    configuration with k (colour: algorithm, marker: policy), the Pareto front of density against time (black
-    steps), the dense baseline (dashed) and the algorithms without k (dotted, labelled)."""
-    from .plots import figure_legend, plt
+    """pareto.png / pareto.pdf: per P (one panel each, three to a row), ms per iteration against density (log-log)
+    of every configuration with k (colour: algorithm, marker: policy), the Pareto front of density against time
+    (black steps), the dense baseline (dashed) and the algorithms without k (dotted); one legend on the right."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import NullFormatter
+
+    from .plots import plt
 
     Ps = list(dict.fromkeys(r["P"] for r in rows))
     algs = list(dict.fromkeys(r["algorithm"] for r in rows))
@@ -1026,18 +1029,15 @@ def pareto_figure(rows: list[dict], outdir: Path, title: str) -> None:
     n = len(Ps)
     cols = min(n, 3)
     nrows = math.ceil(n / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 4.2 * nrows), squeeze=False)
-    seen: dict[str, object] = {}
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols + 2.4, 3.9 * nrows + 0.5), squeeze=False)
     for j, P in enumerate(Ps):
         ax = axes[j // cols][j % cols]
         block = [r for r in rows if r["P"] == P]
         sparse = [r for r in block if r["density"] is not None]
         for r in sparse:
-            lab = r["algorithm"]
-            h = ax.scatter(r["density"], 1e3 * r["iter_s"], s=18, color=f"C{algs.index(lab) % 10}",
-                           marker=markers[pols.index(r["policy"]) % len(markers)] if r["policy"] in pols else "o",
-                           alpha=0.75, lw=0)
-            seen.setdefault(lab, h)
+            ax.scatter(r["density"], 1e3 * r["iter_s"], s=16, color=f"C{algs.index(r['algorithm']) % 10}",
+                       marker=markers[pols.index(r["policy"]) % len(markers)] if r["policy"] in pols else "o",
+                       alpha=0.75, lw=0)
         if sparse:
             pts = [(r["density"], r["iter_s"]) for r in sparse]
             fr = pareto_front(pts)
@@ -1048,19 +1048,20 @@ def pareto_figure(rows: list[dict], outdir: Path, title: str) -> None:
                 ax.axhline(1e3 * r["iter_s"], color=f"C{algs.index(r['algorithm']) % 10}", ls=":", lw=0.9)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())  # minor labels of a short decade overlap
         ax.set(xlabel="density k/d", ylabel="ms per iteration", title=f"P = {P}")
         ax.grid(alpha=0.3, which="both")
     for j in range(n, nrows * cols):
         axes[j // cols][j % cols].set_visible(False)
-    from matplotlib.lines import Line2D
-
-    handles = list(seen.values()) + [Line2D([], [], color="0.4", marker=markers[i % len(markers)], ls="")
-                                     for i in range(len(pols))]
+    handles = [Line2D([], [], color=f"C{i % 10}", marker="o", ls="", ms=5) for i in range(len(algs))]
+    handles += [Line2D([], [], color="0.4", marker=markers[i % len(markers)], ls="", ms=5) for i in range(len(pols))]
     handles += [Line2D([], [], color="k", lw=1.0), Line2D([], [], color="k", ls="--", lw=0.9),
                 Line2D([], [], color="0.4", ls=":", lw=0.9)]
-    labels = list(seen) + [f"policy {p}" for p in pols] + ["Pareto front", "dense DDP (baseline)", "algorithms without k"]
+    labels = algs + [f"policy {p}" for p in pols] + ["Pareto front", "dense DDP (baseline)",
+                                                      "without k (own colour)"]
     fig.suptitle(title, fontsize=10)
-    figure_legend(fig, handles, labels, suptitle=True)
+    fig.legend(handles, labels, loc="center right", fontsize=8.5, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1 - 2.2 / fig.get_size_inches()[0], 0.95))
     save_figure(fig, outdir, "pareto")
 
 
@@ -1114,8 +1115,7 @@ def run_plan(inp: PlanInputs, out, *, force: bool = False, target: float | None 
         }
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         if figure:
-            title = (f"{inp.model} on {inp.network}: time per iteration against density (black: Pareto front; dashed: "
-                     f"dense DDP)")
+            title = f"{inp.model} on {inp.network}, {inp.sc.training.batch_size} samples per rank: time per iteration"
             pareto_figure(rows, tmp, title)
         publish(tmp, out)
     except BaseException:
