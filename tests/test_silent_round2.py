@@ -446,3 +446,36 @@ def test_calibrate_checks_that_it_can_write_before_timing(tmp_path, monkeypatch)
 def test_calibrate_out_under_a_file_says_it_is_not_a_directory():
     line = _cli_line(_cli(["calibrate", "--out", "/dev/null/cal.toml"]))
     assert "'/dev/null' is not a directory" in line
+
+
+# ----------------------------------------------------------------------------------- algorithm aliases
+
+
+def test_every_listed_alias_is_a_valid_algorithm_spec_name():
+    from sim.algorithms import REGISTRY, AlgorithmSpec
+    from sim.algorithms.base import resolve
+
+    aliases = [(a, name) for name, algo in REGISTRY.items() for a in algo.aliases]
+    assert ("gtopk_reference", "gtopk") in aliases
+    for alias, name in aliases:
+        k = 5 if REGISTRY[name].sparse else None
+        spec = AlgorithmSpec(alias, k=k)  # it raised 'unknown' although `sparsim algorithms` lists the name
+        assert spec == AlgorithmSpec(name, k=k, **resolve(alias)[1])
+    assert AlgorithmSpec("gtopk_reference", k=5).label == "gtopk[reference]"
+
+
+def test_an_alias_preset_wins_over_defaults_and_a_contradiction_is_an_error(monkeypatch):
+    from sim.algorithms import REGISTRY, AlgorithmSpec
+    from sim.base.errors import ConfigError
+
+    assert AlgorithmSpec("gtopk_reference", k=5, mask="reference").mask == "reference"
+    # mask's default is "exact": "not given" and "exact" look alike, so the alias's preset wins over the default
+    assert AlgorithmSpec("gtopk_reference", k=5, mask="exact").mask == "reference"
+    monkeypatch.setattr(REGISTRY["gtopk"], "aliases", {**REGISTRY["gtopk"].aliases,
+                                                       "gtopk_rd": {"collective": "recursive_doubling"}})
+    assert AlgorithmSpec("gtopk_rd", k=5).collective == "recursive_doubling"
+    with pytest.raises(ConfigError, match=r"collective = 'tree' contradicts algorithm 'gtopk_rd', which is gtopk with "
+                                          r"collective = 'recursive_doubling'"):
+        AlgorithmSpec("gtopk_rd", k=5, collective="tree")
+    with pytest.raises(ConfigError, match="unknown: valid algorithms are"):
+        AlgorithmSpec("gtopk_nonesuch", k=5)

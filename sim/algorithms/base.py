@@ -365,7 +365,9 @@ class Algorithm:
 class AlgorithmSpec:
     """What one S-SGD variant does each step: the registered algorithm ``name`` and its settings.
 
-    name: a key of :data:`REGISTRY` (``sparsim algorithms`` lists them). k: selected coordinates per worker
+    name: a key of :data:`REGISTRY` or one of its aliases (``sparsim algorithms`` lists both; an alias such as
+    ``gtopk_reference`` becomes its algorithm, ``name = "gtopk"``, with its preset fields, ``mask = "reference"``,
+    as in a scenario; a preset field set to another value is a ConfigError). k: selected coordinates per worker
     (1 <= k <= d; sparse algorithms only, ignored otherwise). collective: one of the algorithm's
     ``collectives`` (default its first). mask: gTop-k only, "exact" (gMask_p = entries that reached g) or
     "reference" (the released code's rule, which can lose mass). value_bytes, index_bytes: bytes per
@@ -407,6 +409,8 @@ class AlgorithmSpec:
     dense_collective: str | None = None
 
     def __post_init__(self):
+        if isinstance(self.name, str) and self.name not in REGISTRY:  # an alias: its algorithm and preset fields
+            self._apply_alias()
         algo = get(self.name)
         if self.collective is None:
             object.__setattr__(self, "collective", algo.collectives[0])
@@ -435,6 +439,23 @@ class AlgorithmSpec:
         if self.segment_densities is not None or self.dense_collective is not None:
             object.__setattr__(self, "segment_densities", _check_segment_densities(self))
         algo.check_spec(self)
+
+    def _apply_alias(self) -> None:
+        """``name`` an alias (e.g. ``gtopk_reference``): the registered name and the alias's preset fields, as a
+        scenario's algorithm entry resolves (:func:`resolve`); a preset field given another value than its
+        default and the preset's is a ConfigError. An unknown name is left to :func:`get`'s error."""
+        try:
+            name, preset = resolve(self.name)
+        except ConfigError:
+            return
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for field, value in preset.items():
+            given = getattr(self, field)
+            if given != value and given != defaults[field]:
+                raise ConfigError(f"{field} = {given!r} contradicts algorithm {self.name!r}, which is {name} with "
+                                  f"{field} = {value!r}: valid {field} = {value!r}, or name = {name!r}")
+            object.__setattr__(self, field, value)
+        object.__setattr__(self, "name", name)
 
     @property
     def algorithm(self) -> Algorithm:
