@@ -38,6 +38,16 @@ def _user_errors(fn):
     return wrapper
 
 
+def _check_algorithm_list(algorithms: str | None) -> None:
+    """SparsimError (one line, the valid names) when ``--algorithms`` is given but names no algorithm ('' or ',')."""
+    if algorithms is not None and not any(a.strip() for a in algorithms.split(",")):
+        from sim.algorithms import REGISTRY
+
+        names = [n for name, algo in REGISTRY.items() for n in (name, *algo.aliases)]
+        raise SparsimError(f"--algorithms {algorithms!r} names no algorithm: valid a comma-separated list of "
+                           f"{', '.join(names)} (omit it for the scenario's)")
+
+
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 
 
@@ -156,6 +166,7 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, n
     from .run import run_scenario
     from .scenario import load_scenario, option_overrides
 
+    _check_algorithm_list(algorithms)
     ov = list(overrides) + option_overrides(algorithms=algorithms, timeout_s=timeout_s,
                                             backend_allreduce=backend_allreduce, dist_backend=dist_backend)
     if backend != "torch" and (timeout_s is not None or dist_backend is not None):

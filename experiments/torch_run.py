@@ -56,7 +56,13 @@ def main(argv=None) -> int:
 
         from sim.distributed.backend import init_from_env
 
-        ov = list(a.overrides) + option_overrides(algorithms=a.algorithms or None, timeout_s=a.timeout,
+        if a.algorithms is not None and not any(x.strip() for x in a.algorithms.split(",")):
+            from sim.algorithms import REGISTRY  # '' used to mean every algorithm of the scenario, silently
+
+            names = [n for name, algo in REGISTRY.items() for n in (name, *algo.aliases)]
+            raise SparsimError(f"--algorithms {a.algorithms!r} names no algorithm: valid a comma-separated list of "
+                               f"{', '.join(names)} (omit it for the scenario's)")
+        ov = list(a.overrides) + option_overrides(algorithms=a.algorithms, timeout_s=a.timeout,
                                                   backend_allreduce=a.backend_allreduce, dist_backend=a.dist_backend)
         sc = load_scenario(a.scenario, ov)
         ctx = init_from_env(backend=sc.torch.dist_backend, timeout_s=sc.torch.timeout_s)
