@@ -6,6 +6,7 @@ Every key, its unit and default is listed in the README (generated from this sch
 """
 from __future__ import annotations
 
+import os
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -538,7 +539,10 @@ def _shown(value) -> str:
 def _format_error(err: ValidationError, where: str) -> str:
     e = err.errors()[0]
     key = ".".join(str(p) for p in e["loc"])
-    if e["type"] == "extra_forbidden":
+    if e["type"] == "extra_forbidden":  # name the keys of that table, as a --set of an unknown key does
+        table = Scenario if len(e["loc"]) == 1 else getattr(_field_of(e["loc"][:-1]), "annotation", None)
+        if isinstance(table, type) and issubclass(table, BaseModel):
+            return f"{where}: unknown key {key!r}; valid keys here: {', '.join(table.model_fields)}"
         return f"{where}: unknown key {key!r}"
     if e["type"] == "value_error" and isinstance(e.get("input"), dict):  # a rule across the keys of a table
         return f"{where}: {e['msg'].removeprefix('Value error, ')}"
@@ -636,14 +640,19 @@ DEFAULT_SCENARIO_TEXT = resources.files("experiments").joinpath("scenarios/defau
 def load_scenario(path: str | None = None, overrides: list[str] | None = None) -> Scenario:
     """Load a scenario TOML file (or the embedded default when ``path`` is None) and apply overrides.
 
-    Raises ConfigError for a missing file, invalid TOML, unknown keys, wrong types or values out of range.
+    A relative ``data.path`` in the file is taken relative to the file's folder and recorded as an absolute path (an
+    absolute one is kept as it is; one given by an override, ``--set data.path=...``, is relative to the working
+    directory). Raises ConfigError for a missing file (a folder or a device said as such), invalid TOML, unknown
+    keys (listing the valid keys of that table), wrong types or values out of range.
     """
     if path is None:
         text, where = DEFAULT_SCENARIO_TEXT, "default scenario"
     else:
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(f"scenario file {str(p)!r} does not exist")
+            what = ("does not exist" if not p.exists() else "is a directory" if p.is_dir() else
+                    "is not a regular file (a device, a pipe or a socket)")
+            raise ConfigError(f"scenario file {str(p)!r} {what}: valid the path of a TOML file")
         try:
             text, where = p.read_text(encoding="utf-8"), str(p)
         except UnicodeDecodeError as err:
@@ -655,6 +664,11 @@ def load_scenario(path: str | None = None, overrides: list[str] | None = None) -
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{where}: invalid TOML: {err}") from None
+    if path is not None:  # a relative data.path in a file is relative to the file's folder (a --set one: to the cwd)
+        table = data.get("data")
+        if isinstance(table, dict) and isinstance(table.get("path"), str) and table["path"] \
+                and not os.path.isabs(os.path.expanduser(table["path"])):
+            data = {**data, "data": {**table, "path": os.path.abspath(os.path.join(p.parent, table["path"]))}}
     data = apply_overrides(data, overrides or [])
     return _validate(data, where, overrides)
 

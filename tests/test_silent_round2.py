@@ -497,3 +497,59 @@ def test_torch_run_empty_algorithms_is_an_error_not_every_algorithm(tmp_path):
     line = _one_line(_torch_run(["--out", str(tmp_path / "r"), "--algorithms", ""], port=_free_port(), world=1))
     assert "--algorithms '' names no algorithm" in line  # '' used to run the scenario's algorithms, every one
     assert not (tmp_path / "r").exists()
+
+
+# ----------------------------------------------------------------------------------- scenario files
+
+
+def test_unknown_key_in_a_scenario_file_lists_the_valid_keys(tmp_path):
+    from experiments.scenario import Scenario, load_scenario
+    from sim.base.errors import ConfigError
+
+    f = tmp_path / "s.toml"
+    f.write_text('name = "x"\n[cluster]\nPP = 3\n')
+    with pytest.raises(ConfigError) as info:
+        load_scenario(f)
+    assert str(info.value) == (f"{f}: unknown key 'cluster.PP'; valid keys here: "
+                               + ", ".join(Scenario.model_fields["cluster"].annotation.model_fields))
+    f.write_text('name = "x"\nfoo = 1\n')
+    with pytest.raises(ConfigError, match=r"unknown key 'foo'; valid keys here: name, seed, algorithms"):
+        load_scenario(f)
+
+
+def test_scenario_file_that_is_a_device_is_not_called_missing(tmp_path):
+    from experiments.scenario import load_scenario
+    from sim.base.errors import ConfigError
+
+    if os.path.exists("/dev/null"):
+        with pytest.raises(ConfigError, match=r"'/dev/null' is not a regular file \(a device, a pipe or a socket\)"):
+            load_scenario("/dev/null")
+    with pytest.raises(ConfigError, match=r"is a directory: valid the path of a TOML file"):
+        load_scenario(tmp_path)
+    with pytest.raises(ConfigError, match=r"none\.toml' does not exist: valid the path of a TOML file"):
+        load_scenario(tmp_path / "none.toml")
+
+
+def test_data_path_in_a_scenario_file_is_relative_to_the_file(tmp_path, monkeypatch):
+    from experiments.scenario import load_scenario
+
+    sub = tmp_path / "project"
+    (sub / "data").mkdir(parents=True)
+    (sub / "data" / "d.svm").write_text("".join(f"{i % 2} 1:{i}.5 2:1\n" for i in range(40)))
+    scen = sub / "s.toml"
+    scen.write_text('name = "rel"\n[data]\ndataset = "libsvm"\npath = "data/d.svm"\n'
+                    '[cluster]\nP = 2\n[training]\niterations = 2\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # it used to be looked up here: "LIBSVM file not found: 'data/d.svm'"
+    assert load_scenario(scen).data.path == str(sub / "data" / "d.svm")
+    r = _cli(["run", str(scen), "--out", str(tmp_path / "r"), "--quiet", "--algorithms", "topk"])
+    assert r.exit_code == 0, r.output
+    import json
+
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["scenario"]["data"]["path"] == \
+        str(sub / "data" / "d.svm")
+    # absolute paths are kept; a --set path is relative to the working directory
+    scen.write_text(scen.read_text().replace('"data/d.svm"', f'"{sub / "data" / "d.svm"}"'))
+    assert load_scenario(scen).data.path == str(sub / "data" / "d.svm")
+    assert load_scenario(scen, ["data.path=data/d.svm"]).data.path == "data/d.svm"
