@@ -12,11 +12,16 @@ with its own state carried from step to step:
 - :func:`sim.distributed.backend.run_worker` where the units do not depend on DDP's bucketing (scopes parameter
   and model).
 
+Every algorithm that keeps state across steps (PowerSGD in both matrix views, DGC with exact selection, Ok-Topk) also
+at every scope (:data:`STATEFUL`): a 3-layer MLP whose DDP buckets hold single biases, buckets settled before the
+first step, against the simulator with each rank's state carried across steps (PowerSGD's units once drew from one
+generator each, seeded alike).
+
 Also: a checkpoint after 10 steps and a restart in new processes give, after 10 more, the model of 20
 uninterrupted steps bit for bit (and a checkpoint of another model, world size or rank is refused in one
 line); a DDP model on the sub-group {1, 2} of 3 ranks trains as P = 2; warm-up iterations equal DDP without a
 hook bit for bit (P = 2 and 3, float64 and float32) and the density schedule sets k; float32, float16 and
-bfloat16 models train with float32 residuals. Three launches, every one with a 60 s timeout.
+bfloat16 models train with float32 residuals. Four launches, every one with a 60 s timeout.
 """
 from __future__ import annotations
 
@@ -395,3 +400,128 @@ def test_p3_equality_warmup_and_subgroup():
         for traj in g[1:]:
             for t in range(T):
                 assert np.array_equal(traj[t], ref[t]), f"sub-group iteration {t + 1}"
+
+
+# ------------------------------------------------------------------------------------ algorithms with state, every scope
+
+#: (algorithm, options, scope): every algorithm that keeps state across steps (PowerSGD's Q and generator, DGC's momentum,
+#: Ok-Topk's thresholds and regions) on the p2p wire at every scope. PowerSGD twice: the simulator's near-square view
+#: with warm start, and torch's per-tensor view without (a Q seed drawn by every unit at every step). DGC with its exact
+#: selection (its sampled threshold draws from one generator per step, which the hook's per-unit steps cannot share:
+#: refused per unit, and compared over the whole model in CASES), with clipping and a warm-up stage.
+STATEFUL = [(a, o, s) for s in ("parameter", "bucket", "model") for a, o in (
+    ("powersgd", {"rank": 2}),
+    ("powersgd", {"variant": "torch", "warm_start": False}),
+    ("dgc", {"selection": "exact", "clip_norm": 0.5, "warmup_iters": 2, "warmup_densities": "0.25"}),
+    ("oktopk", {"tau": 2, "repartition_period": 3}))]
+#: the 3-layer MLP's DDP buckets (88 bytes = 11 doubles): [2.bias 2.weight] [1.bias] [1.weight] [0.bias] [0.weight] --
+#: biases alone in two buckets (nothing for PowerSGD to compress there) and one bucket of two tensors
+STATEFUL_CAP_MB = 88 / 2 ** 20
+
+
+def _setup3(P):
+    """Digits and a 64-12-16-10 tanh MLP (float64, seeded) whose DDP buckets at STATEFUL_CAP_MB hold single biases."""
+    import torch.nn as nn
+
+    from sim.workloads.torch_models import ModuleWorkers
+
+    ds = load_dataset("digits")
+    X, y = ds.X[:300], ds.y[:300]
+    g = torch.Generator().manual_seed(3)
+    model = nn.Sequential(nn.Linear(64, 12), nn.Tanh(), nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 10)).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+    return model, ModuleWorkers(model, X, y, shard_indices(len(y), P, seed=0), 8, seed=0)
+
+
+def stateful_job(ctx, P):
+    """Per rank and STATEFUL case: DDP with the buckets settled first (so every step has the same units), the hook
+    on the p2p wire; returns (trajectory, the layout of the hook's buckets per step, the parameters' shapes)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from sim.distributed.ddp_hooks import SparseState, settle_buckets, sparse_hook
+
+    out = []
+    for name, opts, scope in STATEFUL:
+        model, w = _setup3(P)
+        ddp = DDP(copy.deepcopy(model), bucket_cap_mb=STATEFUL_CAP_MB)
+        Xt, yt = torch.as_tensor(w.X), torch.as_tensor(w.y)
+        idx = torch.as_tensor(w.batch_indices(ctx.rank, 1))
+        settle_buckets(ddp, lambda m: torch.nn.functional.cross_entropy(m(Xt[idx]), yt[idx]))
+        pos = {id(p): i for i, p in enumerate(ddp.module.parameters())}
+        state = SparseState(ddp.process_group, name, _density(model), scope=scope, wire="p2p", lr=LR,
+                            options=opts).bind(ddp)
+        layouts = []
+
+        def recording_hook(st, bucket):
+            if bucket.index() == 0:
+                layouts.append([])
+            layouts[-1].append([pos[id(p)] for p in bucket.parameters()])
+            return sparse_hook(st, bucket)
+
+        ddp.register_comm_hook(state, recording_hook)
+        out.append((_train(ddp, w, ctx.rank, range(1, T + 1)), layouts))
+    return out, [tuple(p.shape) for p in model.parameters()]
+
+
+def _stateful_reference(P, case, layout, shapes):
+    """The simulator: sgd_step on every rank under the lock-step driver, each rank's algorithm state carried from step
+    to step, on the model vector in the hook's order (buckets in DDP's order), one segment per unit of the scope."""
+    from sim.workloads.torch_models import flat_params
+
+    name, opts, scope = case
+    model, w = _setup3(P)
+    sizes = [p.numel() for p in model.parameters()]
+    offs = np.concatenate([[0], np.cumsum(sizes)])
+    order = list(range(len(sizes))) if scope == "model" else [i for b in layout for i in b]
+    perm = np.concatenate([np.arange(offs[i], offs[i + 1]) for i in order])
+    segs = None if scope == "model" else tuple(sizes[i] for i in order) if scope == "parameter" else \
+        tuple(sum(sizes[i] for i in b) for b in layout)
+    o = dict(opts)
+    if o.get("variant") == "torch":
+        o["shapes"] = tuple(shapes[i] for i in order)
+    spec = AlgorithmSpec(name, k=K, value_bytes=8, index_bytes=8, segments=segs, options=tuple(o.items()))
+    v = flat_params(model)
+    eps = [np.zeros_like(v) for _ in range(P)]
+    states = [{} for _ in range(P)]
+    traj = []
+    for t in range(1, T + 1):
+        grads = [w.grad_fn(r, t)(v) for r in range(P)]
+        outs = run_lockstep([sgd_step(spec, r, P, v[perm], eps[r][perm], (lambda g: lambda _v: g[perm])(grads[r]), 8,
+                                      LR, t, states[r]) for r in range(P)])
+        for r in range(P):
+            eps[r][perm] = outs[r].residual
+        v = v.copy()
+        v[perm] = outs[0].v
+        traj.append(v.copy())
+    return traj
+
+
+@pytest.fixture(scope="module")
+def stateful_runs():
+    return launch_local(2, stateful_job, (2,), timeout_s=60.0)
+
+
+@pytest.mark.parametrize("c", range(len(STATEFUL)), ids=[f"{a}-{'-'.join(map(str, o.values()))}-{s}"
+                                                         for a, o, s in STATEFUL])
+def test_stateful_algorithms_hook_equals_simulator_at_every_scope(stateful_runs, c):
+    """PowerSGD at scope parameter / bucket used to start every unit from a fresh generator seeded alike (all units drew
+    the same first Q; the simulator's segments share one generator, as torch's hook shares its state.rng), and drew no
+    seed for a unit with nothing to compress (torch does): both now draw as torch does, and every stateful algorithm's
+    hook equals the simulator bit for bit at every scope, its state carried across steps."""
+    case = STATEFUL[c]
+    got, shapes = [r[0] for r in stateful_runs], stateful_runs[0][1]
+    traj0, layouts0 = got[0][c]
+    assert all(lay == layouts0[0] for lay in layouts0), "settle_buckets: the same buckets every step"
+    sizes = [int(np.prod(s)) for s in shapes]
+    assert sum(len(b) == 1 and len(shapes[b[0]]) == 1 for b in layouts0[0]) >= 2  # buckets of a bias alone
+    assert any(len(b) > 1 for b in layouts0[0])
+    ref = _stateful_reference(2, case, layouts0[0], shapes)
+    for r in range(2):
+        traj, layouts = got[r][c]
+        assert layouts == layouts0
+        for t in range(T):
+            assert np.array_equal(traj[t], ref[t]), f"{case} rank {r} iteration {t + 1}: hook != simulator " \
+                f"(max difference {np.abs(traj[t] - ref[t]).max():.3g})"
+    assert not np.array_equal(traj0[-1], traj0[0]) and len(sizes) == 6

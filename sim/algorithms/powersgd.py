@@ -1,19 +1,22 @@
-"""PowerSGD: rank-r power-iteration compression of each segment viewed as a matrix, with error feedback and warm
-start, operation for operation as PyTorch's ``powerSGD_hook``.
+"""PowerSGD: rank-r power-iteration compression of each segment viewed as a matrix (one near-square matrix per
+segment, or, with ``variant = "torch"``, each tensor as torch's hook views it), with error feedback and warm start,
+operation for operation as PyTorch's ``powerSGD_hook``.
 
 Source: Vogels, Karimireddy and Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
 Optimization", NeurIPS 2019, Algorithm 1 (rank-r PowerSGD compression with error feedback, Q reused across steps:
 "warm start", section 3), as shipped in ``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook``
-(``PowerSGDState`` + ``powerSGD_hook``, torch 2.13), which this module reproduces bit for bit in float64
-(``tests/test_powersgd.py`` runs torch's hook beside it; docs/algorithms/powersgd.md).
+(``PowerSGDState`` + ``powerSGD_hook``, torch 2.13), which this module reproduces bit for bit in float64 on the
+same views of the same tensors (``tests/test_powersgd.py`` runs torch's hook beside it; docs/algorithms/powersgd.md).
 
 Per iteration t and worker p, for one segment (a layer / DDP bucket; the whole model without segments) of n
 elements: acc_p = eps_p + alpha_t G_p (error feedback, :meth:`Algorithm.accumulate`), viewed as the matrix
 M_p (rows x cols, :func:`matrix_shape`), and with r = min(rank, rows, cols):
 
 1. Q (cols x r): at the first compressed step (and at every step without warm start) drawn N(0, 1) exactly as
-   torch does (:class:`TorchNormal`, seeded per segment by ``RandomState(seed).randint(10**9)``, one state per
-   worker, drawn in segment order), else the previous step's Q; orthogonalised (:func:`orthogonalize`);
+   torch does (:class:`TorchNormal`, seeded by ``rng.randint(10**9)`` from ONE ``RandomState(seed)`` per worker,
+   one draw per segment in segment order -- also for a segment with nothing to compress, as torch draws for a
+   bucket of biases only: every later segment's Q depends on it), else the previous step's Q; orthogonalised
+   (:func:`orthogonalize`);
 2. P = allreduce_sum(M_p Q) (rows x r; not divided: the orthogonalisation normalises it), orthogonalised;
 3. Q = allreduce_sum(M_p^T P) / W (W = the number of workers P);
 4. D = P Q^T (rows x cols), the decompressed average every worker applies; eps_p <- acc_p - D.
@@ -27,13 +30,22 @@ rows cols, or rows = 1 or cols = 1) is allreduced uncompressed as torch does: g 
 average D = g / W and eps_p = acc_p - D (torch keeps that local-minus-average difference as the error). The first
 ``start_iter`` iterations (torch's ``start_powerSGD_iter``) are a plain allreduce: g = sum_p acc_p, eps_p = 0.
 
-Matrix view (our rule; torch views each parameter tensor as (shape[0], numel / shape[0]) and the model vector has
-no shapes): option ``matrix_rows`` = 0 views n elements as rows x cols with rows the largest divisor of n not above
-sqrt(n) when that is at least isqrt(n) / 2, else as the near-square ceil(sqrt(n)) x ceil(n / ceil(sqrt(n))) with
-zero padding at the end (:func:`matrix_shape`); ``matrix_rows`` = R > 0 views them as min(R, n) x
-ceil(n / min(R, n)), zero-padded. The padding's decompressed values are dropped. Real tensor shapes, as torch's hook
-sees them in a DDP bucket, go through :func:`bucket_plan` and :func:`powersgd_bucket` (the same code the simulator's
-per-segment exchange runs).
+Matrix view, option ``variant``:
+
+- ``"square"`` (default; our rule, not torch's: a segment of the model vector has no shapes): the segment is ONE
+  matrix. ``matrix_rows`` = 0 views n elements as rows x cols with rows the largest divisor of n not above sqrt(n)
+  when that is at least isqrt(n) / 2, else as the near-square ceil(sqrt(n)) x ceil(n / ceil(sqrt(n))) with zero
+  padding at the end (:func:`matrix_shape`); ``matrix_rows`` = R > 0 views them as min(R, n) x ceil(n / min(R, n)),
+  zero-padded. The padding's decompressed values are dropped. Equal to torch's view only where a segment is one 2-D
+  tensor of R rows.
+- ``"torch"``: torch's hook's view, bit for bit: option ``shapes`` gives the model vector's tensor shapes in order
+  (:func:`parse_shapes`; the DDP hook fills them in per unit from the model), each segment must hold whole tensors,
+  and each tensor is viewed as (shape[0], numel / shape[0]) (a bias as a column, never worth compressing at the
+  default rate), the compressed ones grouped by shape as torch orders them, the others allreduced together
+  (:func:`tensor_plan`, :func:`bucket_plan`). Timing-only calls know a size, not a position: they price the whole
+  model only (:meth:`PowerSGD.plan`; the layer-wise timeline's DDP buckets are refused).
+
+Both views run :func:`powersgd_bucket`, the same code on a :class:`Plan`.
 
 Arithmetic (float64, bit for bit as torch 2.13's CPU kernels with ATEN_CPU_CAPABILITY=default, see
 docs/algorithms/powersgd.md): matrix products sum the inner dimension in order (torch's ``bmm`` below 400
@@ -46,15 +58,18 @@ rounding (and, for the stored Q at r > 2, column signs) only. The ordered produc
 
 Collectives: ``ring`` (default) or ``recursive_doubling`` allreduces (:func:`sim.comm.collectives.ring_allreduce`,
 ``rd_allreduce``) of the flattened P and Q (and of an uncompressed segment). Cost of a compressed segment
-(contention-free, zero compute; :func:`sim.comm.costs.powersgd_time`): two allreduces of rows r and cols r values.
+(contention-free, zero compute; :func:`sim.comm.costs.powersgd_time`): two allreduces of rows r and cols r values
+(torch's view: one allreduce of the uncompressed tensors, if any, then the P and Q of all compressed tensors).
 Compute: the three products M Q, M^T P and P Q^T are ``reduce`` work of n r each (no compute kind models a dense
 product; ``reduce``, a dense addition per element, is the closest), plus the orthogonalisation of Q and of P
 (cols r^2 and rows r^2) added to the first two. The timing-only mode, the fast engine and the closed form model a
 compressed iteration (t > start_iter).
 
 State (``ctx.state["powersgd"]``, per worker): ``rng`` (numpy ``RandomState(spec.seed)``, torch's ``state.rng``) and
-``q``: segment index -> the list of Q matrices (warm start). Everything is deterministic per seed and identical on
-every rank.
+``q``: segment index -> the list of Q matrices (warm start; an empty list for a segment with nothing to compress).
+The DDP hook keeps a state per unit and lends each unit the rank's one generator (:meth:`PowerSGD.hook_unit_state`),
+so its units draw as the simulator's segments and as torch's buckets do. Everything is deterministic per seed and
+identical on every rank.
 """
 from __future__ import annotations
 
@@ -71,8 +86,8 @@ from sim.base.ops import Compute
 from sim.algorithms.base import Algorithm, Exchange, Option, register
 
 __all__ = ["PowerSGD", "matrix_shape", "effective_rank", "should_compress", "Entry", "Plan", "bucket_plan",
-           "segment_plan", "powersgd_bucket", "matmul", "orthogonalize", "torch_sum", "TorchNormal",
-           "SEED_BOUND"]
+           "segment_plan", "tensor_plan", "parse_shapes", "VARIANTS", "powersgd_bucket", "matmul", "orthogonalize",
+           "torch_sum", "TorchNormal", "SEED_BOUND"]
 
 #: torch's hook seeds the Q draw with ``state.rng.randint(1_000_000_000)``.
 SEED_BOUND = 1_000_000_000
@@ -368,6 +383,57 @@ def segment_plan(n: int, rank: int, min_compression_rate: float = 2.0, matrix_ro
     return Plan((Entry(0, n, n, 1, 0),), ())
 
 
+def tensor_plan(shapes, lo: int, n: int, rank: int, min_compression_rate: float = 2.0) -> Plan:
+    """The plan of the ``variant = "torch"`` view of the elements [lo, lo + n) of a model vector made of tensors of
+    ``shapes`` (tuples, in vector order): the tensors covering exactly that range, as torch's hook sees a bucket
+    of them (:func:`bucket_plan`). Raises ConfigError when lo or lo + n is not a tensor boundary (a segment that
+    cuts a tensor has no per-tensor view)."""
+    offs = _offsets(tuple(shapes))
+    if lo + n > offs[-1]:
+        raise ConfigError(f"powersgd.shapes hold {int(offs[-1])} elements but the vector has at least {lo + n}: valid "
+                          "the shapes of the model's tensors")
+    i = int(np.searchsorted(offs, lo))
+    j = int(np.searchsorted(offs, lo + n))
+    if i >= len(offs) or j >= len(offs) or offs[i] != lo or offs[j] != lo + n or j <= i:
+        raise ConfigError(f"powersgd.variant = 'torch': elements [{lo}, {lo + n}) do not start and end on tensor "
+                          f"boundaries of powersgd.shapes ({len(offs) - 1} tensors, {int(offs[-1])} elements): valid "
+                          "segments made of whole tensors")
+    return bucket_plan(shapes[i:j], rank, min_compression_rate)
+
+
+@lru_cache(maxsize=64)
+def _offsets(shapes: tuple) -> np.ndarray:
+    """Start offsets of the tensors of ``shapes`` in the vector, plus the total: int64 (len(shapes) + 1,)."""
+    return np.concatenate([[0], np.cumsum([int(np.prod(s)) for s in shapes], dtype=np.int64)]).astype(np.int64)
+
+
+def parse_shapes(value, label: str = "powersgd.shapes") -> tuple[tuple[int, ...], ...]:
+    """Tensor shapes from a sequence of shapes (each a sequence of integers >= 1, or one integer for a 1-D tensor)
+    or a string of comma-separated shapes with ``x`` between dimensions (what a scenario's table holds, e.g.
+    ``"37x19, 37, 23x37, 23"``). Returns a tuple of tuples of ints; () for an empty value. Raises ConfigError
+    (one line naming ``label``) for anything else, a dimension < 1 or a 0-d shape (torch's hook views a tensor as
+    (shape[0], numel / shape[0]): a 0-d tensor has no shape[0])."""
+    valid = 'valid tensor shapes with dimensions >= 1, e.g. "37x19, 37, 23x37, 23" or ((37, 19), (37,))'
+    try:
+        if isinstance(value, str):
+            items = [t.strip() for t in value.split(",")] if value.strip() else []
+            shapes = [tuple(int(x) for x in t.lower().split("x")) for t in items]
+        else:
+            shapes = [(x,) if isinstance(x, (int, np.integer)) and not isinstance(x, bool) else tuple(x) for x in value]
+            if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for sh in shapes for v in sh):
+                raise TypeError
+    except (TypeError, ValueError):
+        raise ConfigError(f"{label} = {_cut(value)} is not a list of shapes: {valid}") from None
+    if any(not sh or min(sh) < 1 for sh in shapes):
+        raise ConfigError(f"{label} = {_cut(value)} holds an empty shape or a dimension below 1: {valid}")
+    return tuple(tuple(int(v) for v in sh) for sh in shapes)
+
+
+def _cut(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 # ----------------------------------------------------------------------------- the exchange of one bucket
 
 
@@ -387,8 +453,11 @@ def powersgd_bucket(rank: int, P: int, acc: np.ndarray, plan: Plan, memory: dict
     ``start_powerSGD_iter``) on worker ``rank`` of P.
 
     acc: float array (n,), the error-feedback accumulator of the bucket (not modified); plan: :func:`bucket_plan`
-    or :func:`segment_plan`; memory: this worker's dict of warm-start Q lists, entry ``key`` (read and written);
-    rng: this worker's ``numpy.random.RandomState`` (torch's ``state.rng``; one seed drawn per Q initialisation);
+    or :func:`segment_plan`; memory: this worker's dict of warm-start Q lists, entry ``key`` (read and written; an
+    empty list for a bucket with nothing to compress); rng: this worker's ``numpy.random.RandomState`` (torch's
+    ``state.rng``): one seed ``randint(SEED_BOUND)`` drawn whenever the bucket's Q memory is (re)initialised -- its
+    first call, and every call without warm start -- whether or not it has a tensor to compress, as torch's hook
+    draws (``need_randomize_qs``);
     allreduce: callable x -> sans-I/O program returning the sum over ranks of x (default: ring allreduce of
     ``value_bytes`` per value). Order: the products M Q, the uncompressed allreduce, the P allreduce, M^T P, the
     Q allreduce, P Q^T (torch's future chain).
@@ -404,12 +473,14 @@ def powersgd_bucket(rank: int, P: int, acc: np.ndarray, plan: Plan, memory: dict
     g = np.empty_like(acc)
     comp = plan.compressed
     mats = [_matrix(acc, e) for e in comp]
+    if not warm_start or memory.get(key) is None:
+        # torch draws the bucket's seed whenever it (re)initialises the bucket's Q memory, also for a bucket with
+        # nothing to compress (only biases): every later bucket's Q depends on this draw
+        gen = TorchNormal(int(rng.randint(SEED_BOUND)))
+        qs = [gen.randn(e.cols * e.r).reshape(e.cols, e.r).astype(dt, copy=False) for e in comp]
+    else:
+        qs = [q.copy() for q in memory[key]]
     if comp:
-        if not warm_start or memory.get(key) is None:
-            gen = TorchNormal(int(rng.randint(SEED_BOUND)))
-            qs = [gen.randn(e.cols * e.r).reshape(e.cols, e.r).astype(dt, copy=False) for e in comp]
-        else:
-            qs = [q.copy() for q in memory[key]]
         for q in qs:
             orthogonalize(q, epsilon)
         yield Compute("reduce", sum(e.rows * e.cols * e.r + e.cols * e.r * e.r for e in comp))
@@ -442,7 +513,7 @@ def powersgd_bucket(rank: int, P: int, acc: np.ndarray, plan: Plan, memory: dict
             D = matmul(p, q.T).ravel()[:e.numel]
             avg[e.offset:e.offset + e.numel] = D
             g[e.offset:e.offset + e.numel] = D * dt.type(P)
-        memory[key] = qs if warm_start else None
+    memory[key] = qs if warm_start else None  # [] for a bucket with nothing to compress: no new draw next step
     return avg, g
 
 
@@ -484,17 +555,33 @@ class _BoolOption(Option):
         return parse_switch(value, f"{algorithm}.{name}")
 
 
+class _ShapesOption(Option):
+    """Tensor shapes (:func:`parse_shapes`): a sequence of shapes or a string such as "37x19, 37, 23x37, 23"."""
+
+    def check(self, algorithm, name, value):
+        return parse_shapes(value, f"{algorithm}.{name}")
+
+
+#: PowerSGD's matrix views: one near-square matrix per segment (the simulator's default) or torch's hook's view of
+#: every tensor as (shape[0], numel / shape[0]).
+VARIANTS = ("square", "torch")
+
+
 @register
 class PowerSGD(Algorithm):
     """PowerSGD (Vogels et al. NeurIPS 2019, Algorithm 1) with error feedback and warm start, as torch's
-    ``powerSGD_hook``: each segment's accumulator as a rows x cols matrix, compressed to P (rows x r) and
-    Q (cols x r) by one power iteration, both allreduced (ring or recursive doubling); eps_p = acc_p - P Q^T."""
+    ``powerSGD_hook``: each segment's accumulator as one near-square rows x cols matrix (``variant = "square"``) or
+    each of its tensors as (shape[0], numel / shape[0]) (``variant = "torch"``, torch's hook), compressed to
+    P (rows x r) and Q (cols x r) by one power iteration, both allreduced (ring or recursive doubling);
+    eps_p = acc_p - P Q^T."""
 
     name = "powersgd"
     collectives = ("ring", "recursive_doubling")
     sparse = False
     uses_seed = True
-    summary = "PowerSGD: rank-r power-iteration compression per segment matrix, P and Q allreduced (torch's hook)"
+    cost_kinds = ("reduce",)  # the matrix products, charged as reductions (and the allreduces' additions)
+    summary = ("PowerSGD: rank-r power-iteration compression per segment matrix (near-square, or per tensor as torch's "
+               "hook: variant), P and Q allreduced")
     source = ("Vogels, Karimireddy and Jaggi, NeurIPS 2019, Algorithm 1 (error feedback, warm start); "
               "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook")
     options = {
@@ -505,14 +592,88 @@ class PowerSGD(Algorithm):
         "min_compression_rate": Option(2.0, "compress when r (rows + cols) rate < rows cols (torch's)", float, lo=0),
         "matrix_rows": Option(0, "rows of a segment's matrix view; 0: near-square (an exact divisor or padding)", int,
                               lo=0),
+        "variant": Option("square", "square: each segment one near-square matrix; torch: each tensor as "
+                                    "(shape[0], numel / shape[0]), torch's hook (needs shapes)", str, choices=VARIANTS),
+        "shapes": _ShapesOption((), "variant torch: the model vector's tensor shapes in order, e.g. "
+                                    "\"37x19, 37, 23x37, 23\" (the DDP hook fills them in)", tuple),
     }
 
-    def plan(self, spec, n: int) -> Plan:
-        """The :func:`segment_plan` of a segment of n elements under ``spec``'s options."""
+    def check_spec(self, spec) -> None:
+        """variant = "torch" needs ``shapes`` (and, with ``segments``, segments of whole tensors); ``shapes`` is used
+        only by it and ``matrix_rows`` only by variant = "square". ConfigError (one line) otherwise."""
+        given = dict(spec.options)
+        torch_view = spec.opt("variant") == "torch"
+        if torch_view and not spec.opt("shapes"):
+            raise ConfigError("powersgd.variant = 'torch' needs powersgd.shapes, the model's tensor shapes in vector "
+                              "order (e.g. \"37x19, 37, 23x37, 23\"; the DDP hook takes them from the model): valid "
+                              "shapes, or variant = 'square'")
+        if not torch_view and "shapes" in given:
+            raise ConfigError(f"powersgd.shapes is set but powersgd.variant = {spec.opt('variant')!r} does not use it: "
+                              "valid shapes only with variant = 'torch'")
+        if torch_view and "matrix_rows" in given:
+            raise ConfigError(f"powersgd.matrix_rows = {given['matrix_rows']} is set but powersgd.variant = 'torch' "
+                              "views each tensor as (shape[0], numel / shape[0]): valid matrix_rows only with variant "
+                              "= 'square'")
+        if torch_view and spec.segments is not None:
+            offs = set(_offsets(spec.opt("shapes")).tolist())
+            ends = np.cumsum(spec.segments).tolist()
+            if ends[-1] != max(offs):
+                raise ConfigError(f"segments sum to {ends[-1]} but powersgd.shapes hold {max(offs)} elements: valid "
+                                  "the shapes of the model's tensors")
+            bad = [e for e in ends if e not in offs]
+            if bad:
+                raise ConfigError(f"segments end at element {bad[0]}, inside a tensor of powersgd.shapes "
+                                  f"({len(offs) - 1} tensors, {max(offs)} elements): valid segments of whole tensors "
+                                  "with variant = 'torch'")
+
+    def plan(self, spec, n: int, lo: int | None = None) -> Plan:
+        """The plan of the segment of n elements starting at element ``lo`` of the model vector under ``spec``'s
+        options: variant "square", :func:`segment_plan` (one matrix; ``lo`` unused); variant "torch",
+        :func:`tensor_plan` of the tensors of ``shapes`` covering [lo, lo + n) (ConfigError when they do not).
+        ``lo`` None (the timing-only calls, which know a size, not a position): the whole model; with variant "torch"
+        a size other than the shapes' total is a ConfigError (which tensors it holds is unknown: the layer-wise
+        timeline prices DDP buckets by size)."""
+        if spec.opt("variant") == "torch":
+            shapes = spec.opt("shapes")
+            total = int(_offsets(shapes)[-1])
+            if lo is None and int(n) != total:
+                raise ConfigError(f"powersgd.variant = 'torch' cannot price {int(n)} elements by size alone (its "
+                                  f"shapes hold {total}; the layer-wise timeline prices each DDP bucket by its size): "
+                                  "valid one DDP bucket for the whole model (a larger workload.bucket_cap_mb), "
+                                  "workload.dense_policy = 'none', or variant = 'square'")
+            return tensor_plan(shapes, 0 if lo is None else int(lo), int(n), spec.opt("rank"),
+                               spec.opt("min_compression_rate"))
         return segment_plan(n, spec.opt("rank"), spec.opt("min_compression_rate"), spec.opt("matrix_rows"))
 
     def label_tags(self, spec):
-        return [f"r{spec.opt('rank')}"] if spec.opt("rank") != 1 else []
+        tags = [f"r{spec.opt('rank')}"] if spec.opt("rank") != 1 else []
+        return tags + (["torch"] if spec.opt("variant") == "torch" else [])
+
+    # ------------------------------------------------------------------ the DDP hook (sim.distributed.ddp_hooks)
+    def hook_unit_options(self, options: dict, shapes) -> dict:
+        """The options of one DDP-hook unit (its sgd_step): ``options`` (the hook's, a dict) with, for
+        variant = "torch", ``shapes`` = the unit's tensor shapes (a tuple of shapes in the unit's order; None before
+        the model is known: a one-tensor stand-in, to check the other options). Raises ConfigError when ``options``
+        hold ``shapes`` themselves (the hook takes them from the model)."""
+        if "shapes" in options:
+            raise ConfigError("options shapes for the powersgd hook: valid none (the hook views each unit's tensors "
+                              "by their own shapes)")
+        if options.get("variant") == "torch":
+            options["shapes"] = ((1,),) if shapes is None else tuple(shapes)
+        return options
+
+    def hook_unit_state(self, shared: dict, unit_state: dict, seed: int):
+        """Lend the rank's ONE generator to a DDP-hook unit for its sgd_step: torch's hook draws every bucket's Q seed
+        from its one ``state.rng`` in bucket order, as the simulator's segments share ``ctx.state["powersgd"]["rng"]``;
+        the hook keeps a state per unit (its Q memory), so the generator lives in ``shared["rng"]`` (the hook's
+        rank-wide state, checkpointed once; ``RandomState(seed)`` at first) and is put into ``unit_state`` here.
+        Returns the function that takes it back out (call it after the step)."""
+        rng = shared.get("rng")
+        if rng is None:
+            rng = shared["rng"] = np.random.RandomState(int(seed))
+        mine = unit_state.setdefault("powersgd", {"q": {}})
+        mine["rng"] = rng
+        return lambda: mine.pop("rng", None)
 
     # ------------------------------------------------------------------ numerics
     def exchange(self, spec, acc, k, ctx):
@@ -524,7 +685,10 @@ class PowerSGD(Algorithm):
         st = ctx.state.get("powersgd")
         if st is None:
             st = ctx.state["powersgd"] = {"rng": np.random.RandomState(spec.seed), "q": {}}
-        plan = self.plan(spec, n)
+        if spec.opt("variant") == "torch" and int(_offsets(spec.opt("shapes"))[-1]) != ctx.d:
+            raise ConfigError(f"powersgd.shapes hold {int(_offsets(spec.opt('shapes'))[-1])} elements but the model "
+                              f"vector has d = {ctx.d}: valid the shapes of the model's tensors")
+        plan = self.plan(spec, n, ctx.lo)
         avg, g = yield from powersgd_bucket(
             ctx.rank, ctx.P, acc, plan, st["q"], ctx.segment, st["rng"],
             epsilon=spec.opt("orthogonalization_epsilon"), warm_start=spec.opt("warm_start"), allreduce=allreduce)
@@ -543,23 +707,27 @@ class PowerSGD(Algorithm):
             return dense.fast_rounds(dspec, P, _ring_size(n, P) if ring else n, it, G)
 
         plan = self.plan(spec, d)
+        comp = plan.compressed  # the operations of powersgd_bucket, in its order
+        if comp:
+            yield V.Work("reduce", sum(e.rows * e.cols * e.r + e.cols * e.r * e.r for e in comp))
         if plan.uncompressed:
-            yield from allreduce(d)
-            return
-        (e,) = plan.compressed
-        yield V.Work("reduce", e.rows * e.cols * e.r + e.cols * e.r * e.r)
-        yield from allreduce(e.rows * e.r)
-        yield V.Work("reduce", e.rows * e.cols * e.r + e.rows * e.r * e.r)
-        yield from allreduce(e.cols * e.r)
-        yield V.Work("reduce", e.rows * e.cols * e.r)
+            yield from allreduce(plan.u_size)
+        if comp:
+            yield from allreduce(plan.p_size)
+            yield V.Work("reduce", sum(e.rows * e.cols * e.r + e.rows * e.r * e.r for e in comp))
+            yield from allreduce(plan.q_size)
+            yield V.Work("reduce", sum(e.rows * e.cols * e.r for e in comp))
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
         from sim.comm import costs
 
         plan = self.plan(spec, d)
-        rows, cols, r = (plan.compressed[0].rows, plan.compressed[0].cols, plan.compressed[0].r) \
-            if plan.compressed else (d, 1, 0)
-        return costs.powersgd_time(P, d, rows, cols, r, alpha, beta, spec.value_bytes, spec.collective)
+        t = 0.0
+        if plan.uncompressed:  # one allreduce of the uncompressed values (r = 0)
+            t += costs.powersgd_time(P, plan.u_size, plan.u_size, 1, 0, alpha, beta, spec.value_bytes, spec.collective)
+        if plan.compressed:  # the P and Q allreduces of all compressed tensors together
+            t += costs.powersgd_time(P, d, plan.p_size, plan.q_size, 1, alpha, beta, spec.value_bytes, spec.collective)
+        return t
 
     def payload_bytes(self, spec, numel, k):
         plan = self.plan(spec, numel)

@@ -95,7 +95,12 @@ is not supported. Sparse gradients (``nn.Embedding(sparse=True)``) are not suppo
 Every algorithm of the registry (:mod:`sim.algorithms`: PowerSGD, DGC, Ok-Topk, Gaussian-k, CLT-k, SparCML,
 dense) is a hook too: ``SparseState(pg, algorithm="powersgd", options={"rank": 4})`` runs
 :func:`sim.algorithms.sgd_step` per selection unit on the p2p wire (synchronous; the algorithm's own state per
-unit is kept in ``algo_state`` and checkpointed). An algorithm file gets the asynchronous path by defining
+unit is kept in ``algo_state`` and checkpointed). PowerSGD views each unit as the simulator does: by default one
+near-square matrix per unit (``variant = "square"``, not torch's view); with ``options={"variant": "torch"}`` each
+tensor as (shape[0], numel / shape[0]) (the shapes come from the model), which at ``scope="bucket"`` is torch's
+``powerSGD_hook`` bit for bit where the same product kernel runs (tests/test_powersgd.py). Its Q seeds come from ONE
+generator per rank shared by the units in the order they are exchanged (``algo_state[()]``), as torch's hook and the
+simulator's segments draw, one seed per unit that (re)initialises its Q, also a unit with nothing to compress. An algorithm file gets the asynchronous path by defining
 :meth:`sim.algorithms.Algorithm.hook_select` and ``hook_combine``; a selection function can also be plugged in
 here with :func:`register_hook_algorithm` (combined by a sum or by the gTop-k merges).
 """
@@ -379,7 +384,8 @@ class SparseState:
     - wire: one of :data:`WIRES` (default "allgather" where the algorithm has that path, else "p2p": the sans-I/O
       programs' messages, synchronous, the exact wire pattern).
     - options: the algorithm's own options (dict, e.g. ``{"rank": 4}`` for PowerSGD; ``sparsim algorithms``
-      lists them with their ranges), p2p wire only. Algorithms that compress whole matrices or keep no k
+      lists them with their ranges), p2p wire only; PowerSGD's ``variant = "torch"`` takes each unit's tensor
+      shapes from the model (``shapes`` is not an option here). Algorithms that compress whole matrices or keep no k
       (PowerSGD, dense) ignore density and k.
     - lr: step size folded into the accumulator (> 0, default 1.0). seed: rand-k's draw (integer >= 0).
     - timeout_s: seconds a p2p message may wait on a peer (> 0); the asynchronous wire uses the process
@@ -463,9 +469,17 @@ class SparseState:
                 raise ConfigError(f"algorithm = {algorithm!r} with wire = 'p2p': valid a registered algorithm "
                                   f"({', '.join(REGISTRY)}; the p2p wire runs sim.algorithms.sgd_step)")
             # the p2p wire runs sgd_step: the registry checks the collective, mask and options
-            opts = dict(AlgorithmSpec(algorithm, k=1, collective=coll, mask=mask, options=opts).options)
-            if REGISTRY[algorithm].uses_seed and REGISTRY[algorithm].sparse and scope != "model":
-                alt = " (or wire = 'allgather')" if algorithm in HOOK_ALGORITHMS else ""
+            # (the options of a unit, completed by the algorithm where it takes more from the model: PowerSGD's
+            # torch variant, the unit's tensor shapes, here a stand-in until the model is known)
+            probe = _unit_options(algorithm, opts, None)
+            opts = {key: v for key, v in AlgorithmSpec(algorithm, k=1, collective=coll, mask=mask,
+                                                       options=probe).options if key in opts}
+            # a generator per step shared by the units is what sgd_step's segments draw from; the hook runs one
+            # sgd_step per unit. DGC's exact selection draws nothing (its generator serves the sampled threshold)
+            draws = not (algorithm == "dgc" and opts.get("selection") == "exact")  # algorithms: no per-spec draw flag
+            if REGISTRY[algorithm].uses_seed and REGISTRY[algorithm].sparse and scope != "model" and draws:
+                alt = " (or wire = 'allgather')" if algorithm in HOOK_ALGORITHMS else \
+                    " (or options that draw nothing: DGC's selection = 'exact')"
                 raise ConfigError(f"{algorithm} with wire = 'p2p' and scope = {scope!r}: sgd_step draws each unit "
                                   f"from the same generator; valid scope = 'model'{alt}")
         self.process_group = process_group
@@ -501,6 +515,7 @@ class SparseState:
         self._grad_acc = None  # model scope, p2p wire: the model's gradient gathered bucket by bucket
         self._transport = None
         self._rng_state = None
+        self._shapes: dict = {}  # parameter name -> tensor shape, as the buckets show them (PowerSGD's torch variant)
         self._lock = threading.Lock()
 
     def __getstate__(self):
@@ -1244,28 +1259,43 @@ def _model_offsets(state: SparseState) -> dict:
 
 
 def _p2p_unit(state: SparseState, grad_np: np.ndarray, eps_np: np.ndarray, k: int, device: str, where: str,
-              unit: tuple = ()):
-    """One sgd_step over the unit ``unit`` (its parameter names) through the TorchTransport, with the unit's
-    algorithm state (``state.algo_state[unit]``, updated); returns its StepOutput."""
+              unit: tuple = (), shapes: tuple = ()):
+    """One sgd_step over the unit ``unit`` (its parameter names, their tensor ``shapes``) through the
+    TorchTransport, with the unit's algorithm state (``state.algo_state[unit]``, updated); returns its StepOutput."""
     from sim.distributed.backend import execute
 
     rank, P = state._group_rank_size()
     tr = _transport(state, device) if P > 1 else None
+    opts = _unit_options(state.algorithm, state.options, tuple(shapes))
     spec = AlgorithmSpec(state.algorithm, k=k, collective=state.collective, mask=state.mask,
                          value_bytes=grad_np.dtype.itemsize, index_bytes=8, seed=state.seed,
-                         options=tuple(state.options.items()))
+                         options=tuple(opts.items()))
     if tr is not None:
         tr.where = where
+    unit_state = state.algo_state.setdefault(tuple(unit), {})
+    lend = getattr(REGISTRY[state.algorithm], "hook_unit_state", None)
+    give_back = lend(state.algo_state.setdefault((), {}), unit_state, state.seed) if lend is not None else None
     prog = sgd_step(spec, rank, P, np.zeros_like(grad_np), eps_np, lambda v: grad_np, 1, state.lr,
-                    state.iteration + 1, state.algo_state.setdefault(tuple(unit), {}))
+                    state.iteration + 1, unit_state)
     try:
         out = execute(prog, tr, state.busy)
     except NonFiniteError as err:
         raise NonFiniteError(f"sparse hook, {where}: {err}") from None
+    finally:
+        if give_back is not None:
+            give_back()
     with state._lock:
         state.selected += out.n_selected
         state.applied += out.n_applied
     return out
+
+
+def _unit_options(algorithm: str, options: dict, shapes) -> dict:
+    """The registry options of one unit's sgd_step: ``options``, completed by the algorithm's ``hook_unit_options``
+    where it has one (PowerSGD's torch variant views the unit's tensors by their ``shapes``, a tuple of shapes;
+    None: before the model is known). Raises what that method raises (ConfigError)."""
+    complete = getattr(REGISTRY[algorithm], "hook_unit_options", None)
+    return dict(options) if complete is None else complete(dict(options), shapes)
 
 
 def _np(t) -> np.ndarray:
@@ -1279,6 +1309,8 @@ def _p2p_hook(state: SparseState, bucket, buf, density: float | None = None):
 
     rdtype = _residual_dtype(buf.dtype)
     layout = _bucket_layout(state, bucket, buf)
+    for (name, _, _), p in zip(layout, bucket.parameters()):
+        state._shapes[name] = tuple(p.shape)  # PowerSGD's torch variant views each tensor by its shape
     device = "cpu" if buf.device.type == "cpu" else str(buf.device)
     P = state._group_rank_size()[1]
     grad = buf.detach().to(rdtype)
@@ -1301,7 +1333,8 @@ def _p2p_hook(state: SparseState, bucket, buf, density: float | None = None):
         state._grad_acc = None
         flat = state._arena(state._names, [state._sizes[n] for n in state._names], torch.device("cpu"), rdtype)
         out = _p2p_unit(state, _np(gacc), _np(flat).copy(), state.k_for(d), device,
-                        f"DDP step {state.iteration + 1}, whole model", tuple(state._names))
+                        f"DDP step {state.iteration + 1}, whole model", tuple(state._names),
+                        tuple(state._shapes[n] for n in state._names))
         flat.copy_(torch.from_numpy(out.residual))
         upd = torch.from_numpy(out.update / P)
         for b, lay in lays:
@@ -1319,7 +1352,8 @@ def _p2p_hook(state: SparseState, bucket, buf, density: float | None = None):
     for off, n, names, sizes in groups:
         flat = state._arena(names, sizes, buf.device, rdtype)
         out = _p2p_unit(state, _np(grad[off:off + n]), _np(flat).copy(), state.k_for(n, density=density), device,
-                        f"DDP step {state.iteration + 1}, bucket {bucket.index()}", tuple(names))
+                        f"DDP step {state.iteration + 1}, bucket {bucket.index()}", tuple(names),
+                        tuple(state._shapes[m] for m in names))
         flat.copy_(torch.from_numpy(out.residual))
         buf[off:off + n].copy_(torch.from_numpy(out.update / P))
     fut = torch.futures.Future()
