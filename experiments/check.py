@@ -157,6 +157,9 @@ def check_run(run_dir, *, write: bool = True) -> CheckReport:
         c, f0 = summary["resolved"]["constants"], float(first[0]["loss"])
     except SparsimError:
         raise
+    except OSError as err:  # a file of the run that cannot be read is not a write error, nor a damaged one
+        name = Path(err.filename).name if err.filename else "a file"
+        raise ConfigError(f"{str(run_dir)!r}: cannot read {name}: {err.strerror or err}") from None
     except (ValueError, KeyError, TypeError, StopIteration, IndexError) as err:  # JSONDecodeError is a ValueError
         raise ConfigError(f"{str(run_dir)!r} is not a readable finished run directory: summary.json or metrics.csv "
                           f"is damaged ({type(err).__name__}: {err})") from None

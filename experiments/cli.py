@@ -31,6 +31,10 @@ def _user_errors(fn):
             if err.errno not in _WRITE_ERRNOS:
                 raise
             where = f" {err.filename}" if err.filename else ""
+            if err.errno in (errno.EACCES, errno.EPERM):  # a read as well as a write: do not call it a write
+                click.echo(f"error: no permission to access{where}: {err.strerror or os.strerror(err.errno)} "
+                           "(nothing was published)", err=True)
+                sys.exit(2)
             click.echo(f"error: cannot write{where}: {err.strerror or os.strerror(err.errno)} (nothing was "
                        "published: free space or choose another --out)", err=True)
             sys.exit(2)

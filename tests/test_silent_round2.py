@@ -553,3 +553,31 @@ def test_data_path_in_a_scenario_file_is_relative_to_the_file(tmp_path, monkeypa
     scen.write_text(scen.read_text().replace('"data/d.svm"', f'"{sub / "data" / "d.svm"}"'))
     assert load_scenario(scen).data.path == str(sub / "data" / "d.svm")
     assert load_scenario(scen, ["data.path=data/d.svm"]).data.path == "data/d.svm"
+
+
+def test_check_of_an_unreadable_run_says_cannot_read_not_cannot_write(small_run, monkeypatch):
+    import errno
+
+    real = Path.read_text
+
+    def denied(self, *a, **k):
+        if self.name == "summary.json":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", denied)  # as chmod 000 for a user who is not root
+    line = _cli_line(_cli(["check", str(small_run)]))
+    assert line == f"error: {str(small_run)!r}: cannot read summary.json: Permission denied"
+
+
+def test_a_permission_error_elsewhere_is_not_called_a_write_error(tmp_path, monkeypatch):
+    import errno
+
+    import experiments.run as run_mod
+
+    def denied(*a, **k):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/some/input")
+
+    monkeypatch.setattr(run_mod, "build", denied)  # a read that fails with EACCES deep inside a run
+    line = _cli_line(_cli(["run", "--out", str(tmp_path / "r"), "--quiet"]))
+    assert line == "error: no permission to access /some/input: Permission denied (nothing was published)"
