@@ -31,7 +31,12 @@ import os
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[torch]' (torch==2.13.0)")
+try:
+    import torch
+except ImportError:  # skip without torch; under CI=true (which installs it) the collection error fails the run
+    if os.environ.get("CI") == "true":
+        raise
+    pytest.skip("torch is not installed: pip install -e '.[torch]' (torch==2.13.0)", allow_module_level=True)
 
 from sim.algorithms import AlgorithmSpec, names, sgd_step  # noqa: E402
 from sim.workloads.data import load_dataset, shard_indices  # noqa: E402
@@ -402,10 +407,10 @@ def test_p3_equality_warmup_and_subgroup():
                 assert np.array_equal(traj[t], ref[t]), f"sub-group iteration {t + 1}"
 
 
-# ------------------------------------------------------------------------------------ algorithms with state, every scope
+# ------------------------------------------------------------------------------- algorithms with state, every scope
 
-#: (algorithm, options, scope): every algorithm that keeps state across steps (PowerSGD's Q and generator, DGC's momentum,
-#: Ok-Topk's thresholds and regions) on the p2p wire at every scope. PowerSGD twice: the simulator's near-square view
+#: (algorithm, options, scope): every algorithm that keeps state across steps (PowerSGD's Q and generator, DGC's
+#: momentum, Ok-Topk's thresholds and regions) on the p2p wire at every scope. PowerSGD twice: the near-square view
 #: with warm start, and torch's per-tensor view without (a Q seed drawn by every unit at every step). DGC with its exact
 #: selection (its sampled threshold draws from one generator per step, which the hook's per-unit steps cannot share:
 #: refused per unit, and compared over the whole model in CASES), with clipping and a warm-up stage.

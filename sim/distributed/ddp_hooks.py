@@ -100,8 +100,9 @@ near-square matrix per unit (``variant = "square"``, not torch's view); with ``o
 tensor as (shape[0], numel / shape[0]) (the shapes come from the model), which at ``scope="bucket"`` is torch's
 ``powerSGD_hook`` bit for bit where the same product kernel runs (tests/test_powersgd.py). Its Q seeds come from ONE
 generator per rank shared by the units in the order they are exchanged (``algo_state[()]``), as torch's hook and the
-simulator's segments draw, one seed per unit that (re)initialises its Q, also a unit with nothing to compress. An algorithm file gets the asynchronous path by defining
-:meth:`sim.algorithms.Algorithm.hook_select` and ``hook_combine``; a selection function can also be plugged in
+simulator's segments draw, one seed per unit that (re)initialises its Q, also a unit with nothing to compress.
+An algorithm file gets the asynchronous path by defining :meth:`sim.algorithms.Algorithm.hook_select` and
+``hook_combine``; a selection function can also be plugged in
 here with :func:`register_hook_algorithm` (combined by a sum or by the gTop-k merges).
 """
 from __future__ import annotations
