@@ -45,7 +45,7 @@ from .resolve import network_summary
 from .resources import check_resources
 from .run_net import net_resolved, write_net_trace
 from .scenario import Scenario, used_keys_dump
-from .torch_job import check_torch_settings, launch_scenario, torch_backend_info
+from .torch_job import check_backend_keys, check_torch_settings, launch_scenario, torch_backend_info
 from .workload_run import run_workload
 
 log = logging.getLogger("sparsim.run")
@@ -87,6 +87,8 @@ def run_scenario(sc: Scenario, out: str | os.PathLike, *, force: bool = False, p
     if backend not in ("sim", "torch"):
         raise ConfigError(f"backend = {backend!r} is unknown: valid sim, torch")
     check_jobs(jobs)  # a bad --jobs fails before anything is built
+    if backend == "sim":
+        check_backend_keys(sc, backend)  # a [torch] key set for a simulated run: one line, exit 2
     if jobs is not None and (backend != "sim" or sc.workload.active):
         raise ConfigError("--jobs runs the simulator's algorithms in parallel: valid with --backend sim and without "
                           "workload.model / workload.table (a workload run is one timeline)")

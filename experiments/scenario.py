@@ -113,6 +113,16 @@ class ComputeCfg(_Strict):
     DEFAULT_COSTS: ClassVar[dict[str, float]] = {"select_coeff_s": 2.19e-10, "merge_coeff_s": 0.0,
                                                  "reduce_coeff_s": 0.0, "update_coeff_s": 0.0}
 
+    @model_validator(mode="after")
+    def _variation_keys_in_use(self):
+        if self.jitter == "none" and self.changed_keys(("jitter_scale",)):
+            raise ValueError(f"compute.jitter_scale = {self.jitter_scale:g}: unused with jitter = 'none' (no variation "
+                             "drawn): used only with compute.jitter = 'lognormal' or 'exponential'")
+        if self.straggler_prob == 0 and self.changed_keys(("straggler_factor",)):
+            raise ValueError(f"compute.straggler_factor = {self.straggler_factor:g}: unused with straggler_prob = 0 (no "
+                             "worker straggles): used only with compute.straggler_prob > 0")
+        return self
+
     def costs(self, device=None, value_bytes: int = 4, index_bytes: int = 4) -> dict[str, dict]:
         """The cost of each compute kind a run uses, kind (select, merge, reduce, update) -> {"coeff_s": seconds per
         unit, "scaling": "x log2 x" or "x" (the unit: per x log2 x, or per element), "model": the formula, "source":
@@ -239,6 +249,16 @@ class CompressionCfg(_Strict):
     layer_sizes: list[int] = Field([], description="layer-wise selection in a numerics run: the model vector as consecutive "
                                                    "layers of these sizes (>= 1, summing to d), k_b = round(k/d x d_b) per layer, "
                                                    "one collective each; empty = whole-model selection")
+
+    #: keys only an algorithm that selects k coordinates reads (AlgorithmSpec.k, index_bytes)
+    SPARSE_KEYS: ClassVar[tuple[str, ...]] = ("density", "k", "index_bytes")
+
+    @model_validator(mode="after")
+    def _density_or_k(self):
+        if self.k is not None and self.changed_keys(("density",)):
+            raise ValueError(f"compression.density = {self.density:g}: unused when compression.k is set (k = {self.k} "
+                             "fixes the selected count; density gives k = round(density x d) only when k is unset)")
+        return self
 
 
 class WorkloadCfg(_Strict):
@@ -431,10 +451,116 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _algorithm_options(self):
-        from sim.algorithms import check_options
+        from sim.algorithms import check_options, get, resolve
 
+        running = {resolve(a)[0] for a in self.algorithms}
         for name, opts in self.algorithm.items():
             check_options(name, opts)
+            algo = get(name)
+            given = _given_options(algo, opts)
+            if name not in running:
+                if given:
+                    entries = " or ".join([name, *algo.aliases])
+                    raise ValueError(f"{', '.join(f'algorithm.{name}.{k}' for k in given)}: [algorithm.{name}] is used "
+                                     f"only with {entries} among the algorithms (here {', '.join(self.algorithms)})")
+                continue
+            options = {k: v for k, v in given.items() if k != "collective"}
+            unused = algo.unused_options(options, iterations=self.training.iterations,
+                                         momentum=self.training.momentum) if options else {}
+            if unused:
+                key, why = next(iter(unused.items()))
+                raise ValueError(f"algorithm.{name}.{key} = {_shown(opts[key])}: {why}")
+        return self
+
+    def running_algorithms(self) -> list[tuple]:
+        """Each entry of ``algorithms`` as (entry, registered name, preset AlgorithmSpec fields (dict), its
+        :class:`sim.algorithms.Algorithm`), in order (:func:`sim.algorithms.resolve`: an alias such as
+        gtopk_reference gives its algorithm and preset)."""
+        from sim.algorithms import get, resolve
+
+        return [(entry, *resolve(entry), get(resolve(entry)[0])) for entry in self.algorithms]
+
+    @model_validator(mode="after")
+    def _compression_keys_in_use(self):
+        from sim.algorithms import REGISTRY
+
+        c, running = self.compression, self.running_algorithms()
+        here = f"here algorithms = {', '.join(self.algorithms)}"
+        readers: dict[str, list[str]] = {}  # [compression] key -> the registered algorithms that read it
+        for name, algo in REGISTRY.items():
+            for key in algo.compression_keys().values():
+                readers.setdefault(key, []).append(name)
+        used, overridden = set(), {}
+        for entry, name, preset, algo in running:
+            for field, key in algo.compression_keys().items():
+                if field in preset:  # an alias fixes it (gtopk_reference: the mask)
+                    overridden.setdefault(key, f"{entry} fixes its own {field}")
+                elif field == "collective" and "collective" in self.algorithm.get(name, {}):
+                    overridden.setdefault(key, f"[algorithm.{name}] collective overrides it")
+                else:
+                    used.add(key)
+        for key in c.changed_keys(readers):
+            if key not in used:
+                why = f"; {overridden[key]}" if key in overridden else ""
+                raise ValueError(f"compression.{key} = {_shown(getattr(c, key))}: used only with "
+                                 f"{' or '.join(readers[key])} among the algorithms ({here}{why})")
+        if not any(algo.sparse for *_, algo in running):
+            unused = c.changed_keys(CompressionCfg.SPARSE_KEYS)
+            if unused:
+                sparse = ", ".join(n for n, a in REGISTRY.items() if a.sparse)
+                raise ValueError(f"{', '.join('compression.' + k for k in unused)}: used only with an algorithm that "
+                                 f"selects k coordinates among the algorithms ({sparse}; {here})")
+        if not any(algo.segmented for *_, algo in running) and c.changed_keys(("layer_sizes",)):
+            seg = ", ".join(n for n, a in REGISTRY.items() if a.segmented)
+            raise ValueError(f"compression.layer_sizes: used only with an algorithm that exchanges per layer among the "
+                             f"algorithms ({seg}; {here}: one exchange of the whole vector)")
+        return self
+
+    @model_validator(mode="after")
+    def _cost_keys_in_use(self):
+        from sim.algorithms import REGISTRY
+
+        running = self.running_algorithms()
+        kinds = {"update"}  # every algorithm's step ends with the update (sgd_step)
+        for *_, algo in running:
+            kinds.update(algo.cost_kinds)
+        w = self.workload
+        if w.sparse_policy == "hybrid" and (w.active or self.model.name) and any(a.sparse for *_, a in running):
+            kinds.add("reduce")  # the plan's dense buckets: the dense allreduce
+        for kind, key in ComputeCfg.COST_KEYS.items():
+            v = getattr(self.compute, key)
+            if v is None or kind in kinds or v == self._unset_cost(kind):
+                continue
+            users = ", ".join(n for n, a in REGISTRY.items() if kind in a.cost_kinds)
+            raise ValueError(f"compute.{key} = {v:g}: no algorithm of this run charges a {kind} (here algorithms = "
+                             f"{', '.join(self.algorithms)}): used only with {users} among the algorithms")
+        return self
+
+    def _unset_cost(self, kind: str) -> float | None:
+        """The cost coefficient of ``kind`` the run takes when its compute.*_coeff_s key is unset (what summary.json
+        records for it, so a reloaded summary is not refused; None where that has no value of the key's unit)."""
+        key = ComputeCfg.COST_KEYS[kind]
+        try:
+            c = self.compute.model_copy(update={key: None}).costs(cost_device(self), self.compression.value_bytes,
+                                                                   self.compression.index_bytes)[kind]
+        except ConfigError:
+            return None
+        return c["coeff_s"] if c["scaling"] == ("x log2 x" if kind == "select" else "x") else None
+
+    @model_validator(mode="after")
+    def _hook_blocks_in_use(self):
+        w = self.workload
+        if not (w.active or self.model.name) or not w.hook_blocks_backward:
+            return self
+        sparse_of = [algo.sparse for *_, algo in self.running_algorithms()]
+        dense, sparse = not all(sparse_of), any(sparse_of)
+        if dense and w.dense_policy == "horovod":
+            return self  # refused with its own reason (its background loop never stalls backward)
+        if not ((dense and w.dense_policy == "ddp") or (sparse and w.sparse_policy != "model")):
+            raise ValueError(f"workload.hook_blocks_backward = true: unused here (dense_policy = {w.dense_policy!r}, "
+                             f"sparse_policy = {w.sparse_policy!r}, algorithms = {', '.join(self.algorithms)}: one "
+                             "exchange after backward, which stalls nothing): used only with dense_policy = 'ddp' and a "
+                             "dense algorithm, or sparse_policy = 'bucket', 'layer' or 'hybrid' and a sparse one")
         return self
 
     @model_validator(mode="after")
@@ -529,6 +655,21 @@ class Scenario(_Strict):
         return min(d, max(1, round(self.compression.density * d)))
 
 
+def _given_options(algo, opts: dict) -> dict:
+    """The keys of an [algorithm.NAME] table (already checked) set away from their defaults, key -> checked value
+    (``collective``: away from the algorithm's first collective)."""
+    out = {}
+    for key, value in opts.items():
+        if key == "collective":
+            if value != algo.collectives[0]:
+                out[key] = value
+            continue
+        v = algo.options[key].check(algo.name, key, value)
+        if v != algo.options[key].default:
+            out[key] = v
+    return out
+
+
 def _shown(value) -> str:
     """``repr(value)`` for an error line, cut to its first 60 characters when longer than 80 (a 1 MB value would
     otherwise be the whole message)."""
@@ -579,10 +720,14 @@ def _validate(data: dict, where: str, overrides: list[str] | None = None) -> Sce
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
-        key = ".".join(str(p) for p in err.errors()[0]["loc"])
+        e = err.errors()[0]
+        key = ".".join(str(p) for p in e["loc"])
+        # a rule across tables (no location): the keys it names before its first colon, "a.b = v, c.d: ..."
+        named = {n.split(" = ")[0].strip() for n in str(e.get("msg", "")).removeprefix("Value error, ")
+                 .split(":")[0].split(",")} if not key else set()
         for item in reversed(overrides or []):  # the last override of a key is the one that counts
             k = item.split("=", 1)[0].strip()
-            if key == k or key.startswith(k + ".") or k.startswith(key + "."):
+            if k in named or (key and (key == k or key.startswith(k + ".") or k.startswith(key + "."))):
                 where = f"--set {item if len(item) <= 80 else item[:60] + f'... ({len(item)} characters)'}"
                 break
         raise ConfigError(_format_error(err, where)) from None

@@ -15,7 +15,12 @@ from .build import build
 from .scenario import Scenario
 
 __all__ = ["check_torch", "torch_version", "torch_backend_info", "check_torch_settings", "launch_scenario",
-           "scenario_job", "run_built"]
+           "scenario_job", "run_built", "torch_unused_keys", "check_backend_keys", "TORCH_UNUSED_WHY"]
+
+#: Why a torch run records keys as unused (summary.json ``backend.unused_keys``; docs/scenarios.md).
+TORCH_UNUSED_WHY = ("the torch backend measures its own network and compute (wall time of real processes), so the "
+                    "simulator's network and compute model time nothing; kept in summary.json's scenario so that the "
+                    "same scenario reruns on the simulator")
 
 
 def check_torch(what: str = "--backend torch") -> None:
@@ -39,20 +44,81 @@ def torch_version() -> str | None:
 
 def torch_backend_info(sc: Scenario, nproc: int, *, launcher: str) -> dict:
     """The ``backend`` entry of a torch run's summary.json: the scenario's [torch] settings, the number
-    of processes, the launcher ("sparsim run" or "torchrun"), torch's version and what the time columns mean."""
+    of processes, the launcher ("sparsim run" or "torchrun"), torch's version, the scenario keys this backend does
+    not read (``unused_keys``, dotted key -> value, :func:`torch_unused_keys`, and ``unused_why``) and what the time
+    columns mean."""
     t = sc.torch
     return {"name": "torch", "launcher": launcher, "dist_backend": t.dist_backend, "nproc": nproc,
             "timeout_s": t.timeout_s, "stall_timeout_s": t.stall_timeout_s, "backend_allreduce": t.backend_allreduce,
-            "torch": torch_version(),
+            "torch": torch_version(), "unused_keys": torch_unused_keys(sc), "unused_why": TORCH_UNUSED_WHY,
             "time_columns": "measured wall time per rank (s), averaged over ranks; iter_time_s = the slowest rank's "
                             "step time, sim_time_s = their running sum"}
+
+
+def torch_unused_keys(sc: Scenario) -> dict[str, object]:
+    """The keys of a torch run's summary.json scenario (:func:`experiments.scenario.used_keys_dump` with backend
+    "torch") that the torch backend does not read, dotted key -> value: the simulator's network (every [cluster] key
+    but P; cluster.network and gpus_per_node stay used where an algorithm runs a hierarchical collective, whose
+    ranks per node they give) and its compute model (every [compute] key); in a [model] run also the timeline-only
+    [workload] keys (device, efficiency, Horovod's fusion, hook_blocks_backward, the trace). None of them in a
+    [model] run with training.time_budget_s, whose simulated clock (that network, compute model and device) sets
+    each algorithm's iterations. The documented rule for keys shared between the backends (docs/scenarios.md)."""
+    from .scenario import used_keys_dump
+
+    if sc.model.name and sc.training.time_budget_s:
+        return {}
+    dump = used_keys_dump(sc, "torch")
+    hier = False
+    for entry, name, preset, algo in sc.running_algorithms():
+        coll = sc.algorithm.get(name, {}).get("collective") or algo.scenario_settings(sc.compression).get(
+            "collective", algo.collectives[0])
+        hier = hier or coll == "hierarchical"
+    keep = {"P", "network", "gpus_per_node"} if hier else {"P"}
+    out = {f"cluster.{k}": v for k, v in dump.get("cluster", {}).items() if k not in keep}
+    out.update({f"compute.{k}": v for k, v in dump.get("compute", {}).items()})
+    if sc.model.name:
+        out.update({f"workload.{k}": v for k, v in dump.get("workload", {}).items()
+                    if k in ("device", "efficiency", "fusion_threshold_mb", "cycle_time_s", "hook_blocks_backward",
+                             "trace_iterations", "trace_ranks")})
+    return out
+
+
+def check_backend_keys(sc: Scenario, backend: str) -> None:
+    """The keys one backend does not read: on ``backend`` "sim" a [torch] key set away from its default is a
+    ConfigError (one line naming it and --backend torch, which reads it); on "torch" the simulator's network and
+    compute keys that the scenario sets away from their defaults are logged (a warning naming them) and recorded
+    as unused (:func:`torch_unused_keys`, summary.json ``backend.unused_keys``), since one scenario serves both."""
+    if backend != "torch":
+        given = sc.torch.changed_keys(type(sc.torch).model_fields)
+        if given:
+            flags = {"timeout_s": " (--timeout)", "dist_backend": " (--dist-backend)",
+                     "backend_allreduce": " (--backend-allreduce)"}
+            raise ConfigError(f"{', '.join('torch.' + k + flags.get(k, '') for k in given)}: used only with --backend "
+                              "torch (the [torch] table sets up the real backend's processes; this run is simulated)")
+        return
+    unused = torch_unused_keys(sc)
+    given = []  # those the scenario sets: a cost key when not unset, the others away from their defaults
+    for dotted in unused:
+        table, key = dotted.split(".", 1)
+        cfg = getattr(sc, table)
+        cost_key = table == "compute" and key in type(cfg).COST_KEYS.values()
+        if (getattr(cfg, key) is not None) if cost_key else bool(cfg.changed_keys((key,))):
+            given.append(dotted)
+    if given:
+        import logging
+
+        logging.getLogger("sparsim").warning(
+            "%s: unused by --backend torch, which measures its own network and compute; recorded in summary.json "
+            "as backend.unused_keys", ", ".join(given))
 
 
 def check_torch_settings(sc: Scenario) -> None:
     """Refuse, before any rank starts, a torch run this machine cannot do: ConfigError (one line) when torch is
     missing, for torch.dist_backend = "nccl" or torch.select_device = "cuda" without a visible CUDA GPU, and for
-    torch.backend_allreduce without dense among the algorithms."""
+    torch.backend_allreduce without dense among the algorithms; logs the simulator's keys the scenario sets that
+    this backend does not read (:func:`check_backend_keys`)."""
     check_torch()
+    check_backend_keys(sc, "torch")
     if sc.torch.dist_backend == "nccl":
         import torch
 

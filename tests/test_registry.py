@@ -231,7 +231,7 @@ def test_cli_algorithm_options_reach_the_spec(tmp_path):
         "powersgd": {"rank": 2, "warm_start": False}}
     # a TOML list for DGC's warm-up densities, and a TOML boolean for one of its on/off switches
     sc = tmp_path / "dgc.toml"
-    sc.write_text('algorithms = ["dgc"]\n[training]\niterations = 3\n'
+    sc.write_text('algorithms = ["dgc"]\n[training]\niterations = 3\nmomentum = 0.9\n'  # nesterov needs a momentum
                   '[algorithm.dgc]\nwarmup_iters = 1\nwarmup_densities = [0.25, 0.0625]\nnesterov = true\n')
     r = CliRunner().invoke(main, ["run", str(sc), "--out", str(tmp_path / "d"), "--quiet"])
     assert r.exit_code == 0, r.output

@@ -287,6 +287,12 @@ class Algorithm:
     #: the asynchronous hook checks the whole accumulator for NaN/Inf (False: its selection always holds the
     #: largest magnitude, so checking the selected values suffices)
     hook_checks_all: ClassVar[bool] = True
+    #: the compute kinds its exchange charges (:class:`sim.base.ops.Compute` in the numerics, :class:`sim.comm.rounds.Work`
+    #: in :meth:`fast_rounds`), a subset of ``select``, ``merge``, ``reduce``; every algorithm is also charged
+    #: ``forward_backward`` and ``update`` by :func:`sgd_step`. A scenario's compute.*_coeff_s key of a kind that no
+    #: algorithm of the run charges is an error (experiments.scenario). Default: all three (never a false refusal);
+    #: tests/test_unused_keys.py checks each declaration against what the numerics charge.
+    cost_kinds: ClassVar[tuple[str, ...]] = ("select", "merge", "reduce")
 
     def hook_select(self, acc, k: int, hook_state):
         """The asynchronous DDP hook's selection (only where :attr:`hook_combine` is set): ``acc`` a 1-D float
@@ -297,8 +303,28 @@ class Algorithm:
 
     # ------------------------------------------------------------------ naming and checks
     def scenario_settings(self, compression) -> dict:
-        """AlgorithmSpec fields this algorithm takes from a scenario's [compression] table (e.g. its collective);
-        none by default (a successor sets its collective in [algorithm.NAME])."""
+        """AlgorithmSpec fields this algorithm takes from a scenario's [compression] table (e.g. its collective),
+        field -> ``compression.KEY`` passed through unchanged (:meth:`compression_keys` relies on it); none by
+        default (a successor sets its collective in [algorithm.NAME])."""
+        return {}
+
+    def compression_keys(self) -> dict[str, str]:
+        """AlgorithmSpec field -> the [compression] key :meth:`scenario_settings` takes it from, e.g.
+        ``{"collective": "topk_collective"}`` (found by calling it on a table whose every key reads as its own
+        name). The scenario refuses a [compression] key that no algorithm of the run reads."""
+
+        class _KeyNames:
+            def __getattr__(self, key: str) -> str:
+                return key
+
+        return {field: str(key) for field, key in self.scenario_settings(_KeyNames()).items()}
+
+    def unused_options(self, options: dict, *, iterations: int, momentum: float) -> dict[str, str]:
+        """The options of ``options`` (name -> value as :meth:`Option.check` returns it; those a scenario sets away
+        from their defaults) that a run of ``iterations`` iterations with training momentum ``momentum`` would not
+        use because another setting switches them off: name -> why, one phrase naming the setting that would use
+        it (e.g. "unused with selection = 'exact': used only with selection = 'sampled'"). The scenario refuses
+        each (one line, exit 2). None by default."""
         return {}
 
     def label_tags(self, spec: "AlgorithmSpec") -> list[str]:

@@ -26,6 +26,7 @@ class Dense(Algorithm):
     collectives = ("ring", "recursive_doubling", "backend_allreduce", "hierarchical")
     sparse = False
     segmented = False
+    cost_kinds = ("reduce",)  # the allreduce's additions; nothing selected or merged
     predict_columns = {"ring": "ring", "recursive_doubling": "recursive_doubling", "hier_dense": "hierarchical"}
     summary = "dense S-SGD: allreduce of the full gradient (ring, recursive doubling, hierarchical)"
     source = "Shi et al. IJCAI 2019, section 2; Thakur, Rabenseifner and Gropp 2005 (allreduce costs)"

@@ -278,6 +278,38 @@ class DGC(AllgatherSparse):
     def scenario_settings(self, compression):
         return {}  # its collective is set in [algorithm.dgc]
 
+    #: the options only the sampled threshold's adaptation reads (:func:`sampled_select`)
+    ADAPTATION_OPTIONS = ("compress_upper_bound", "compress_lower_bound", "resample")
+
+    def unused_options(self, options, *, iterations, momentum):
+        """The options its other settings switch off: the sampled threshold's (sample_ratio, sampling, the adaptation
+        bounds and passes, resample) with selection = "exact"; the sample's layout and adaptation with
+        sample_ratio = 1 (the whole segment is the sample: nothing drawn, nothing adapted); the adaptation's bounds
+        and resample with max_adaptation_iters = 0; warmup_densities with warmup_iters = 0 and warmup_iters with no
+        densities; nesterov and momentum_masking with training.momentum = 0 (u = alpha_t G each step: the same
+        numbers either way)."""
+        opt = {k: options.get(k, o.default) for k, o in self.options.items()}
+        out = {}
+        if opt["selection"] == "exact":
+            for k in ("sample_ratio", "sampling", "max_adaptation_iters", *self.ADAPTATION_OPTIONS):
+                out[k] = "unused with selection = 'exact': used only with selection = 'sampled'"
+        elif opt["sample_ratio"] >= 1.0:
+            for k in ("sampling", "max_adaptation_iters", *self.ADAPTATION_OPTIONS):
+                out[k] = ("unused with sample_ratio = 1 (the whole segment is the sample: nothing drawn or adapted): "
+                          "used only with sample_ratio < 1")
+        elif opt["max_adaptation_iters"] == 0:
+            for k in self.ADAPTATION_OPTIONS:
+                out[k] = "unused with max_adaptation_iters = 0: used only with max_adaptation_iters >= 1"
+        if opt["warmup_iters"] == 0:
+            out["warmup_densities"] = "unused with warmup_iters = 0 (no warm-up): used only with warmup_iters >= 1"
+        elif not opt["warmup_densities"]:
+            out["warmup_iters"] = "unused with warmup_densities empty (no warm-up stage): used only with densities"
+        if momentum == 0:
+            for k in ("nesterov", "momentum_masking"):
+                out[k] = ("unused with training.momentum = 0 (the momentum u is alpha_t G each step: the same numbers "
+                          "either way): used only with training.momentum > 0")
+        return {k: why for k, why in out.items() if k in options}
+
     def label_tags(self, spec):
         tags = []
         if spec.opt("selection") == "exact":

@@ -26,6 +26,7 @@ class GTopK(Algorithm):
 
     name = "gtopk"
     collectives = ("tree", "recursive_doubling", "hierarchical")
+    cost_kinds = ("select", "merge")  # the local selection and the pairwise merges; no dense reduction
     predict_columns = {"gtopk_tree": "tree", "gtopk_rd": "recursive_doubling", "hier_gtopk": "hierarchical"}
     summary = "gTop-k S-SGD: global top-k by pairwise merges along a tree / recursive doubling"
     source = "Shi et al. ICDCS 2019, Algorithms 2-3; Shi et al. IJCAI 2019, Algorithm 1"

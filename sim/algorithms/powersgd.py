@@ -675,6 +675,16 @@ class PowerSGD(Algorithm):
         mine["rng"] = rng
         return lambda: mine.pop("rng", None)
 
+    def unused_options(self, options, *, iterations, momentum):
+        """start_iter >= iterations leaves no compressed iteration: every step is the plain allreduce, a dense run
+        labelled powersgd (its rank, warm start and the other options unused)."""
+        start = options.get("start_iter", 0)
+        if start >= iterations:
+            return {"start_iter": f"no iteration of the {iterations} would be compressed (each would be a plain "
+                                  f"allreduce: a dense run labelled powersgd): valid start_iter < training.iterations "
+                                  f"= {iterations}"}
+        return {}
+
     # ------------------------------------------------------------------ numerics
     def exchange(self, spec, acc, k, ctx):
         n = acc.shape[0]

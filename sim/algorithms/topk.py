@@ -23,6 +23,7 @@ class AllgatherSparse(Algorithm):
 
     trace_name = "allgather"
     collectives = ("allgather", "hierarchical")
+    cost_kinds = ("select", "reduce")  # the selection, and the sum of the P gathered selections; no merge
 
     def scenario_settings(self, compression):
         return {"collective": compression.topk_collective}
