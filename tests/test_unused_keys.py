@@ -316,3 +316,16 @@ def test_cost_kinds_hold_every_kind_the_numerics_charge(name, coll, net):
     assert charged <= set(algo.cost_kinds), (name, coll, charged)
     if set(algo.cost_kinds) != {"select", "merge", "reduce"}:
         assert charged == set(algo.cost_kinds), (name, coll, charged)
+
+
+@pytest.mark.parametrize("name, coll, net", list(_cases()))
+def test_cost_kinds_hold_every_kind_the_timing_only_form_charges(name, coll, net):
+    """The workload timeline and the fast engine time an exchange from :meth:`Algorithm.fast_rounds`: its Work kinds
+    are declared too (a hybrid plan's dense buckets add the dense reduce, which the scenario adds itself)."""
+    from sim.algorithms import AlgorithmSpec, get
+    from sim.comm.rounds import Work
+
+    algo = get(name)
+    spec = AlgorithmSpec(name, k=50 if algo.sparse else None, collective=coll, gpus_per_node=2)
+    kinds = {w.kind for w in algo.fast_rounds(spec, 8, 5000, 1, 2) if isinstance(w, Work)}
+    assert kinds and kinds <= set(algo.cost_kinds), (name, coll, kinds)
