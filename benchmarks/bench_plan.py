@@ -6,7 +6,8 @@ registered algorithm at its default collective (:data:`sim.algorithms.REGISTRY`,
 model, bucket and layer (algorithms without k: once, on DDP's buckets), P in 64, 256, 1024, 4096, 16384, one
 iteration each on the fast engine (:func:`experiments.plan.simulate_plan`, one shared collective cache per P).
 
-A part is one (P, algorithm, policy) over its densities (the dense baseline of each P is a part of its own).
+A part is one (P, algorithm, policy) over its densities (the dense baseline of each P, dense DDP with each of its
+collectives, is a part of its own).
 Reported per part: configurations, how many were simulated, the wall seconds they took, and, where the part's
 first configuration took more than ``--max-part-s`` (the slow collectives of the fast engine at large P: its time
 grows as P^2 for Ok-Topk's P - 1 rounds), the rest of the part is skipped and its wall time estimated as the
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
 
     def on_row(row, wall):
         if row.get("baseline"):
-            key = (row["P"], "dense baseline (ring, DDP buckets)")
+            key = (row["P"], "dense baseline (each dense collective, DDP buckets)")
             parts[key] = {"n": 1, "done": 1, "wall": wall, "max": wall}
             print(f"  P = {row['P']:>6}  {'baseline':<36} {wall:8.2f} s", flush=True)
             return

@@ -17,8 +17,10 @@ Per configuration and P it reports (:data:`COLUMNS`):
   (selection time not hidden behind rank 0's compute: the selection slices of the timeline's trace outside the
   compute slices) and ``exposed_comm_s`` (the rest: collectives, and waits, not hidden behind compute);
 - ``speedup_over_dense`` = t_dense / t and ``break_even_iteration_ratio`` = t_dense / t, the same number read two
-  ways: with t_dense the iteration of dense S-SGD on DDP's buckets overlapped with backward (ring allreduce,
-  ``dense_policy = "ddp"``) on the same P, a scheme needing N_s iterations finishes first iff
+  ways: with t_dense the iteration of dense S-SGD on DDP's buckets overlapped with backward (``dense_policy =
+  "ddp"``) with the fastest of its collectives on this network at the same P (``dense_baseline``: ring, recursive
+  doubling or hierarchical; a flat ring's 2(P - 1) latencies per bucket make it a weak baseline at large P), a
+  scheme needing N_s iterations finishes first iff
   N_s t < N_dense t_dense, i.e. iff N_s / N_dense < t_dense / t: the break-even ratio is the largest factor of
   dense's iteration count the scheme may need and still finish first (< 1: it loses even at equal iterations);
 - ``why``: the dominant term of the split (:func:`why`): ``compute-bound (85%)``, ``selection 62%`` or
@@ -74,7 +76,7 @@ from .scenario import DataCfg, Scenario, _validate, apply_overrides
 __all__ = ["PLAN_POLICIES", "DEFAULT_DENSITIES", "DEFAULT_P", "COLUMNS", "EVIDENCE_COLUMNS", "Config", "PlanInputs",
            "resolve_plan", "simulate_plan", "rank_rows", "why", "break_even", "exposed_selection_s", "Evidence",
            "EvidenceRun", "load_evidence", "iterations_to_target", "predict", "table_lines", "pareto_front",
-           "pareto_figure", "run_plan", "BASELINE", "agarwal_rows", "espresso_rows", "anchor_lines", "run_anchors",
+           "pareto_figure", "run_plan", "BASELINE", "baseline_collectives", "agarwal_rows", "espresso_rows", "anchor_lines", "run_anchors",
            "ANCHOR_COLUMNS"]
 
 
@@ -100,14 +102,16 @@ PLAN_POLICIES = {"model": _uniform("model"), "bucket": _uniform("bucket"), "laye
 DEFAULT_DENSITIES = (0.0001, 0.001, 0.01, 0.03, 0.1)
 #: Worker counts when neither --P, the scenario nor the evidence gives them.
 DEFAULT_P = (64, 256, 1024, 4096)
-#: The dense baseline: dense S-SGD, ring allreduce of DDP's buckets overlapped with backward (what a DDP user runs).
-BASELINE = ("dense", "ring")  # algorithms: the baseline is dense S-SGD by definition
+#: The dense baseline's algorithm: dense S-SGD on DDP's buckets overlapped with backward (what a DDP user runs), with
+#: the fastest of its collectives the network runs at each P (:func:`baseline_collectives`).
+BASELINE = "dense"  # algorithms: the baseline is dense S-SGD by definition
 #: Largest P (as cluster.P).
 MAX_P = 65536
 
 #: plan.csv's columns (times in s; density = k/d, empty for an algorithm without k).
 COLUMNS = ("P", "rank", "algorithm", "collective", "density", "k", "policy", "iter_s", "compute_s",
-           "exposed_select_s", "exposed_comm_s", "select_s", "comm_s", "dense_iter_s", "speedup_over_dense",
+           "exposed_select_s", "exposed_comm_s", "select_s", "comm_s", "dense_baseline", "dense_iter_s",
+           "speedup_over_dense",
            "break_even_iteration_ratio", "why", "communication_ops", "bytes_per_rank")
 #: The columns added with --evidence (iterations and predicted seconds to the target over the seeds).
 EVIDENCE_COLUMNS = ("evidence", "metric", "target", "seeds", "n_reached", "tta_iterations_mean", "tta_iterations_std",
@@ -504,11 +508,20 @@ def _simulate(inp: PlanInputs, cfg: Config, P: int, net, timer, policy: Timeline
             "bytes_per_rank": float(res.bytes_per_rank), "config": cfg}
 
 
+def baseline_collectives(inp: PlanInputs) -> list[str]:
+    """The collectives of dense S-SGD (:data:`BASELINE`) the plan's network runs (``sparsim predict``'s columns:
+    ring and recursive doubling, and hierarchical on a hierarchical cluster)."""
+    net = inp.sc.cluster.network
+    ok = _timeable(net in CLUSTER_PRESETS or net == "hierarchical")
+    return [c for c in REGISTRY[BASELINE].collectives if (BASELINE, c) in ok]
+
+
 def simulate_plan(inp: PlanInputs, *, on_row=None, progress: bool = False, skip=None) -> list[dict]:
     """Simulate every configuration of ``inp`` on every P; return the rows (dicts with :data:`COLUMNS` but
     ``rank``, plus ``config``: the :class:`Config`), P by P in configuration order, with the dense baseline of
-    each P (:data:`BASELINE`: dense ring on DDP buckets overlapped with backward, not blocking) filled in as
-    ``dense_iter_s`` and the speed-up, break-even ratio and why of each row. on_row: optional callable(row,
+    each P (:data:`BASELINE`: dense S-SGD on DDP's buckets overlapped with backward, not blocking, with the fastest
+    of :func:`baseline_collectives`) filled in as ``dense_iter_s`` and ``dense_baseline`` (its collective), and the
+    speed-up, break-even ratio and why of each row. on_row: optional callable(row,
     wall_s) after each row (the wall seconds it took); skip: optional callable(config, P) -> bool, True to leave that
     configuration out at that P (no row; a benchmark's time budget). Collective times are shared across the
     configurations of one
@@ -523,18 +536,19 @@ def simulate_plan(inp: PlanInputs, *, on_row=None, progress: bool = False, skip=
             net = inp.network_of(P)
             timer = CollectiveTimer(P, net, inp.compute, inp.sc.cluster.engine)
             t0 = time.perf_counter()
-            dense = _simulate(inp, Config(*BASELINE, None, "ddp"), P, net, timer,
-                              dataclasses.replace(inp.base_policy, dense="ddp", blocking=False))
+            ddp = dataclasses.replace(inp.base_policy, dense="ddp", blocking=False)
+            dense = min((_simulate(inp, Config(BASELINE, c, None, "ddp"), P, net, timer, ddp)
+                         for c in baseline_collectives(inp)), key=lambda r: r["iter_s"])
             if on_row is not None:
                 on_row({**dense, "baseline": True}, time.perf_counter() - t0)
-            td = dense["iter_s"]
+            td, tc = dense["iter_s"], dense["collective"]
             for cfg in inp.configs:
                 if skip is not None and skip(cfg, P):
                     bar.update(1)
                     continue
                 t0 = time.perf_counter()
                 r = _simulate(inp, cfg, P, net, timer)
-                r["dense_iter_s"] = td
+                r["dense_iter_s"], r["dense_baseline"] = td, tc
                 r["speedup_over_dense"] = r["break_even_iteration_ratio"] = break_even(td, r["iter_s"])
                 r["why"] = why(r["compute_s"], r["exposed_select_s"], r["exposed_comm_s"])
                 rows.append(r)
@@ -965,7 +979,8 @@ def header_lines(inp: PlanInputs) -> list[str]:
             f"{n} configurations x P = {', '.join(map(str, inp.Ps))}",
             f"compute costs: {_cost_text(inp.costs)}",
             "times per iteration in ms; split = compute + exposed selection + exposed comm; break-even = t_dense / t "
-            "= the speed-up over dense DDP = the most iterations (x dense's) the scheme may need and still finish first"]
+            "= the speed-up over dense DDP (its fastest collective) = the most iterations (x dense's) the scheme may "
+            "need and still finish first"]
 
 
 def table_lines(rows: list[dict], inp: PlanInputs, top: int | None = 10) -> list[str]:
@@ -980,7 +995,8 @@ def table_lines(rows: list[dict], inp: PlanInputs, top: int | None = 10) -> list
         shown = block if top is None else block[:top]
         lines.append("")
         more = "" if len(shown) == len(block) else f", best {len(shown)} shown (all in plan.csv)"
-        lines.append(f"P = {P}: dense DDP ({BASELINE[1]} allreduce of DDP's buckets, overlapped) {_ms(td)} ms per "
+        lines.append(f"P = {P}: dense DDP (the fastest dense collective, {block[0]['dense_baseline']}, on DDP's buckets, "
+                     f"overlapped) {_ms(td)} ms per "
                      f"iteration; {len(block)} configurations{more}"
                      + (f"; ranked by predicted time to {rows[0]['metric']} {rows[0]['target']:g}" if evid else ""))
         head = f"{'rank':>4}  {'algorithm':<10} {'collective':<24} {'density':>8} {'policy':<7}"
@@ -1044,7 +1060,7 @@ def pareto_figure(rows: list[dict], outdir: Path, title: str) -> None:
             ax.step([pts[i][0] for i in fr], [1e3 * pts[i][1] for i in fr], where="post", color="k", lw=1.0)
         ax.axhline(1e3 * block[0]["dense_iter_s"], color="k", ls="--", lw=0.9)
         for r in block:
-            if r["density"] is None and (r["algorithm"], r["collective"]) != BASELINE:
+            if r["density"] is None and (r["algorithm"], r["collective"]) != (BASELINE, r["dense_baseline"]):
                 ax.axhline(1e3 * r["iter_s"], color=f"C{algs.index(r['algorithm']) % 10}", ls=":", lw=0.9)
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -1108,6 +1124,7 @@ def run_plan(inp: PlanInputs, out, *, force: bool = False, target: float | None 
             "device": None if inp.device is None else dataclasses.asdict(inp.device), "compute_costs": inp.costs,
             "engine": inp.sc.cluster.engine, "iterations": inp.iterations,
             "dense_iter_s": {str(P): next(r["dense_iter_s"] for r in rows if r["P"] == P) for P in inp.Ps},
+            "dense_baseline": {str(P): next(r["dense_baseline"] for r in rows if r["P"] == P) for P in inp.Ps},
             "evidence": None if inp.evidence is None else {
                 "path": inp.evidence.path, "metric": inp.evidence.metric, "target": target,
                 "runs": len(inp.evidence.runs)},
@@ -1137,9 +1154,11 @@ AGARWAL_MODELS = ("resnet50", "bert-base")
 AGARWAL_DENSITIES = (0.001, 0.01, 0.1)
 #: The modelling choices the anchors vary (label, scenario overrides): the device's cost model at its default
 #: efficiency; selection priced by the gTop-k authors' 2019 fit on a P102-100 (2.19e-10 s x x log2 x); a quarter of
-#: the compute throughput (efficiency 0.1: FP32-like, more backward to hide communication behind).
+#: the compute throughput (efficiency 0.1: FP32-like, more backward to hide communication behind); and that with 5 us
+#: per message instead of 50 (Agarwal's variants; Espresso's take the first two).
 ANCHOR_VARIANTS = (("device costs", ()), ("2019 selection fit", ("compute.select_coeff_s=2.19e-10",)),
-                   ("efficiency 0.1", ("workload.efficiency=0.1",)))
+                   ("efficiency 0.1", ("workload.efficiency=0.1",)),
+                   ("efficiency 0.1, 5 us", ("workload.efficiency=0.1", "cluster.alpha_s=5e-6")))
 #: Below this bandwidth (Gb/s) the paper found compression helped, above the next it rarely did.
 AGARWAL_HELPS_BELOW_GBPS, AGARWAL_RARELY_ABOVE_GBPS = 8.0, 10.0
 #: Espresso (EuroSys 2023) compresses a tensor only above a size: 2^20 elements on PCIe machines, 2^19 on NVLink
@@ -1156,7 +1175,7 @@ ESPRESSO_DENSITY = 0.01
 ESPRESSO_VARIANTS = ANCHOR_VARIANTS[:2] + (("latency 0.1 us per message", ("cluster.intra_alpha_s=1e-7",
                                                                              "cluster.alpha_s=1e-7")),)
 ANCHOR_COLUMNS = ("anchor", "model", "setting", "value", "variant", "selection_cost", "dense_s", "best", "best_s",
-                  "speedup", "advisor", "paper", "agree")
+                  "speedup", "advisor", "paper", "agree", "fixed_cost_s")
 
 
 def _compressed(cfg: Config) -> bool:
@@ -1204,8 +1223,10 @@ def espresso_rows(sizes=ESPRESSO_SIZES, variants=ESPRESSO_VARIANTS):
     the fastest dense allreduce against the fastest sparsifier (an algorithm with k) at density 0.01 (selection,
     collective and merge on the timing-only engine, :func:`sim.engine.timing.simulate_timing`). One row per fabric and cost: the
     advisor's threshold (the smallest swept n from which compression is faster at every larger swept n; none if
-    never), the paper's (2^20 PCIe, 2^19 NVLink), their ratio, and the sizes each verdict covers. Returns rows of
-    :data:`ANCHOR_COLUMNS` (value: the threshold; dense_s / best_s / speedup at the paper's threshold size)."""
+    never), the paper's (2^20 PCIe, 2^19 NVLink) and their ratio. Returns rows of :data:`ANCHOR_COLUMNS` (value: the
+    threshold; dense_s / best_s / speedup at the paper's threshold size; fixed_cost_s = dense_s - best_s there: a
+    fixed cost per compressed tensor (a kernel launch, an encode / decode call; none is modelled here) at least this
+    large would make the paper's size the break-even, if the saving grows with the size)."""
     from sim.engine.timing import simulate_timing
 
     out = []
@@ -1238,7 +1259,8 @@ def espresso_rows(sizes=ESPRESSO_SIZES, variants=ESPRESSO_VARIANTS):
             thr = next((n for i, n in enumerate(sizes) if all(helps[i:])), None)
             low = "" if thr != sizes[0] else " (the smallest swept)"
             at = verdict.get(paper_n) or verdict[sizes[-1]]
-            ratio = "-" if thr is None else f"{thr / paper_n:g}x the paper's"
+            ratio = "-" if thr is None else f"2^{int(math.log2(thr)) - int(math.log2(paper_n))}"
+            saving = at["dense"][0] - at["compressed"][0]
             out.append({"anchor": "Espresso EuroSys 2023", "model": f"one tensor, density {ESPRESSO_DENSITY:g}",
                         "setting": f"8 x 8 V100, {'NVLink' if fabric == 'nvswitch' else 'PCIe'} in the node, ~10 Gb/s "
                                    "between nodes",
@@ -1248,7 +1270,8 @@ def espresso_rows(sizes=ESPRESSO_SIZES, variants=ESPRESSO_VARIANTS):
                         "speedup": at["dense"][0] / at["compressed"][0],
                         "advisor": "compress above " + ("nothing swept" if thr is None else f"2^{int(math.log2(thr))}")
                                    + low,
-                        "paper": f"compress above 2^{int(math.log2(paper_n))}", "agree": ratio})
+                        "paper": f"compress above 2^{int(math.log2(paper_n))}", "agree": ratio,
+                        "fixed_cost_s": saving})
     return out
 
 
@@ -1272,10 +1295,10 @@ def anchor_lines(rows: list[dict]) -> list[str]:
     es = [r for r in rows if r["anchor"].startswith("Espresso")]
     lines += ["", "## Espresso (EuroSys 2023): the tensor size above which compression pays", "",
               "| setting | variant | advisor | paper | advisor / paper | at the paper's size: dense ms | "
-              "fastest sparsifier | its ms |", "|---|---|---|---|---|---|---|---|"]
+              "fastest sparsifier | its ms | saving ms |", "|---|---|---|---|---|---|---|---|---|"]
     for r in es:
         lines.append(f"| {r['setting']} | {r['variant']} | {r['advisor']} | {r['paper']} | {r['agree']} | "
-                     f"{1e3 * r['dense_s']:.4g} | {r['best']} | {1e3 * r['best_s']:.4g} |")
+                     f"{1e3 * r['dense_s']:.4g} | {r['best']} | {1e3 * r['best_s']:.4g} | {1e3 * r['fixed_cost_s']:.4g} |")
     return lines
 
 

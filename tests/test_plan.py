@@ -86,10 +86,12 @@ def test_split_sums_to_the_iteration(small):
 
 def test_break_even_is_dense_time_over_scheme_time(small):
     _inp, rows = small
-    dense = _row(rows, "dense", "ring", "ddp")
+    # the baseline: dense DDP with the fastest of its collectives (ring or recursive doubling on a flat network)
+    dense = min((r for r in rows if r["algorithm"] == "dense"), key=lambda r: r["iter_s"])
+    assert {r["collective"] for r in rows if r["algorithm"] == "dense"} == {"ring", "recursive_doubling"}
     assert dense["break_even_iteration_ratio"] == 1.0 and dense["speedup_over_dense"] == 1.0
     for r in rows:
-        assert r["dense_iter_s"] == dense["iter_s"]
+        assert r["dense_iter_s"] == dense["iter_s"] and r["dense_baseline"] == dense["collective"]
         assert r["break_even_iteration_ratio"] == r["speedup_over_dense"] == dense["iter_s"] / r["iter_s"]
     assert pl.break_even(3.0, 1.5) == 2.0 and pl.break_even(1.0, 4.0) == 0.25 and pl.break_even(1.0, 0.0) == math.inf
     # N_s iterations of the scheme finish before N_d of dense iff N_s / N_d < the ratio
