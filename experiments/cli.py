@@ -365,11 +365,14 @@ def plan_cmd(scenario, model, network, P, densities, algorithms, policies, devic
 
     from . import plan as pl
 
+    src = click.get_current_context().get_parameter_source
     if anchors:
         given = [o for o, v in (("--scenario", scenario), ("--model", model), ("--network", network), ("--P", P),
                                 ("--densities", densities), ("--algorithms", algorithms), ("--policies", policies),
                                 ("--device", device), ("--batch-size", batch_size), ("--evidence", evidence),
                                 ("--target", target)) if v is not None] + (["--set"] if overrides else [])
+        given += [o for o, name in (("--iterations", "iterations"), ("--metric", "metric"), ("--top", "top"))
+                  if src(name) == click.core.ParameterSource.COMMANDLINE]
         if given:
             raise SparsimError(f"{', '.join(given)}: --anchors runs the papers' settings, which fix these: valid "
                                "--anchors with --out, --force, --quiet only")
@@ -381,6 +384,8 @@ def plan_cmd(scenario, model, network, P, densities, algorithms, policies, devic
     check_range("--top", top, 0, 10**6)
     if target is not None and evidence is None:
         raise SparsimError(f"--target {target:g} needs --evidence: valid with the convergence evidence to read")
+    if evidence is None and src("metric") == click.core.ParameterSource.COMMANDLINE:
+        raise SparsimError(f"--metric {metric} is the evidence's metric: valid with --evidence")
     ev = pl.load_evidence(evidence, metric) if evidence is not None else None
     inp = pl.resolve_plan(scenario, list(overrides), model=model, network=network, P=P, densities=densities,
                           algorithms=algorithms, policies=policies, device=device, batch_size=batch_size,

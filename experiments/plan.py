@@ -1270,8 +1270,8 @@ def espresso_rows(sizes=ESPRESSO_SIZES, variants=ESPRESSO_VARIANTS):
                         "selection_cost": _select_text(inp.costs),
                         "dense_s": at["dense"][0], "best": at["compressed"][1].label, "best_s": at["compressed"][0],
                         "speedup": at["dense"][0] / at["compressed"][0],
-                        "advisor": "compress above " + ("nothing swept" if thr is None else f"2^{int(math.log2(thr))}")
-                                   + low,
+                        "advisor": "never (at no swept size)" if thr is None else
+                                   f"compress above 2^{int(math.log2(thr))}{low}",
                         "paper": f"compress above 2^{int(math.log2(paper_n))}", "agree": ratio,
                         "fixed_cost_s": saving})
     return out

@@ -283,6 +283,9 @@ def _cli(args, tmp_path):
     (["--model", MODEL, "--network", "10GbE", "--evidence", "/nonexistent/ev", "--target", "0.8"],
      "--evidence '/nonexistent/ev' does not exist"),
     (["--anchors", "--model", MODEL], "--model: --anchors runs the papers' settings"),
+    (["--anchors", "--top", "3"], "--top: --anchors runs the papers' settings"),
+    (["--model", MODEL, "--network", "10GbE", "--metric", "test_loss"], "--metric test_loss is the evidence's metric: "
+                                                                         "valid with --evidence"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
     r = _cli(args, tmp_path)
