@@ -24,7 +24,7 @@ import signal
 import time
 
 from sim.base.errors import ConfigError, ResourceError, SparsimError
-from sim.base.process import die_with_parent
+from sim.base.process import die_with_parent, raise_if_signalled
 from sim.engine.runner import run_algorithm
 
 log = logging.getLogger("sparsim.run")
@@ -173,9 +173,10 @@ def _run_forked(specs, built, kw, jobs, bar_for, t0) -> list[list[dict]]:
                         del running[conn]
                 if not running:
                     break
-            # a timeout, so that a signal arriving just before the blocking poll() (its C handler has run, the
-            # Python one waits for the next bytecode) is acted on within WAIT_S: without it a SIGTERM could be
-            # held until a child next wrote, never with --quiet (seen once under load: the parent alive 30 s on)
+            # a timeout, so that the loop comes back every WAIT_S: a SIGTERM whose SystemExit was lost (raised inside
+            # a finalizer, or whose Python handler waits for a bytecode after a blocking poll) is raised again above
+            # (seen twice under load: a --quiet --jobs 3 parent alive 30-60 s after SIGTERM, blocked in this wait)
+            raise_if_signalled()  # a SIGTERM whose first SystemExit a finalizer swallowed
             for conn in multiprocessing.connection.wait(list(running), timeout=WAIT_S):
                 i, proc, bar = running[conn]
                 try:

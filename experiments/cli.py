@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from sim.base.process import exit_on_signal
 from sim.base.errors import SparsimError
 
 __all__ = ["main"]
@@ -114,7 +115,7 @@ def main(verbose, log_level):
     logger.addHandler(h)
     logger.propagate = False
     # SIGTERM (e.g. from `timeout` or a batch system) unwinds like Ctrl-C, so no DIR.partial is left behind
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGTERM, exit_on_signal)
     # one BLAS thread for the whole command: a multi-threaded OpenBLAS splits a product (the full gradient's
     # X^T R) by its thread count, whose partial sums change the last bits, so results would depend on the
     # machine's core count (as the torch backend's ranks and the experiments already do; restored on exit for

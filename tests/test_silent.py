@@ -499,3 +499,28 @@ def test_ctrl_c_during_a_run_exits_130_and_leaves_nothing(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     assert err.strip().splitlines()[-1] == "interrupted; nothing was written"
     assert not out.exists() and not (tmp_path / "r.partial").exists()
+
+
+def test_a_sigterm_swallowed_by_a_finalizer_is_raised_again():
+    """SIGTERM's SystemExit can be lost when the handler runs inside a finalizer (printed as "Exception ignored"):
+    the pool's wait loop calls raise_if_signalled every 0.5 s, which raises it again."""
+    import gc
+    import signal
+
+    from sim.base import process
+
+    class Finalized:
+        def __del__(self):
+            process.exit_on_signal(signal.SIGTERM)  # as if the signal's handler ran here
+
+    old = list(process._RECEIVED)
+    try:
+        process._RECEIVED.clear()
+        process.raise_if_signalled()  # nothing received: nothing raised
+        Finalized()  # __del__ raises SystemExit; Python swallows it ("Exception ignored")
+        gc.collect()
+        with pytest.raises(SystemExit) as e:
+            process.raise_if_signalled()
+        assert e.value.code == 128 + signal.SIGTERM
+    finally:
+        process._RECEIVED[:] = old
