@@ -554,6 +554,9 @@ BLOCKS: dict[str, tuple[Callable[[], str], str]] = {
     "crossover-simulated": (_part("crossover", "Simulated on the fast engine", None), "docs/results/crossover/report.md"),
     "bounds-results": (_part("bounds", "| objective |", None), "docs/results/bounds/results.md"),
     "tta-results": (_part("tta", "| algorithm |", None), "docs/results/tta/results.md"),
+    "plan-tta": (_part("plan-tta", None, None), "docs/results/plan-tta/plan.md"),
+    "plan-anchors-agarwal": (_part("plan-anchors", "## Agarwal", "## Espresso"), "docs/results/plan-anchors/anchors.md"),
+    "plan-anchors-espresso": (_part("plan-anchors", "## Espresso", None), "docs/results/plan-anchors/anchors.md"),
     "advisor-rankings": (advisor_rankings, "docs/results/advisor-validation/rankings.csv"),
     "advisor-cases": (advisor_cases, "docs/results/advisor-validation/cases.csv"),
 }
