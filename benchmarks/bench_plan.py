@@ -53,7 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank (default 32)")
     p.add_argument("--P", default="64,256,1024,4096,16384", help="comma list of worker counts")
     p.add_argument("--densities", default=",".join(f"{d:g}" for d in pl.DEFAULT_DENSITIES), help="comma list of k/d")
-    p.add_argument("--policies", default=",".join(pl.PLAN_POLICIES), help="comma list of selection policies")
+    p.add_argument("--policies", default="model,bucket,layer",
+                   help="comma list of selection policies (default the issue's three; hybrid is the fourth)")
     p.add_argument("--all-collectives", action="store_true", help="every collective of each algorithm, not its default")
     p.add_argument("--max-part-s", type=float, default=60.0,
                    help="skip the rest of a part whose first configuration took longer than this (wall s; its time "

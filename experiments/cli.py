@@ -338,7 +338,8 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
                                                 "evidence's, else 0.0001,0.001,0.01,0.03,0.1]")
 @click.option("--algorithms", default=None, help="comma-separated NAME or NAME:COLLECTIVE [default: every registered "
                                                  "algorithm with every collective the network runs]")
-@click.option("--policies", default=None, help="comma-separated selection policies: model, bucket, layer [default: all]")
+@click.option("--policies", default=None, help="comma-separated selection policies: model, bucket, layer, hybrid "
+                                               "[default: all]")
 @click.option("--device", default=None, help="device model (workload.device): P102-100, V100, A100, H100")
 @click.option("--batch-size", type=int, default=None, help="samples per rank (training.batch_size)")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a scenario key (repeatable)")

@@ -35,10 +35,11 @@ evidence at that P ("no evidence": by break-even ratio only), then those some se
 ("not reached n/N", by break-even ratio). See :func:`predict` for the matching rules.
 
 Policies (:data:`PLAN_POLICIES`): ``model`` (whole-model selection after backward), ``bucket`` (per DDP bucket),
-``layer`` (per layer), each overlapped with backward; algorithms without k (dense, PowerSGD) run once per
-collective under the scenario's dense policy (default DDP buckets). A new policy is one entry of
-:data:`PLAN_POLICIES`, a function that turns the scenario's :class:`~sim.engine.timeline.TimelinePolicy` into the
-policy of one configuration (the hook for the hybrid per-bucket policy of :mod:`sim.engine.hybrid`).
+``layer`` (per layer), each overlapped with backward, and ``hybrid`` (per DDP bucket dense or compressed at its own
+density, the plan of least simulated iteration under "overall density >= the row's density",
+:func:`sim.engine.hybrid.choose_hybrid`); algorithms without k (dense, PowerSGD) run once per collective under the
+scenario's dense policy (default DDP buckets). A new policy is one entry of :data:`PLAN_POLICIES`, a function that
+turns the scenario's :class:`~sim.engine.timeline.TimelinePolicy` into the policy of one configuration.
 
 Outputs (``--out DIR``, built in ``DIR.partial`` and renamed when complete): ``plan.csv`` (every configuration,
 ranked per P), ``plan.md`` (the printed tables), ``pareto.png`` / ``pareto.pdf`` (time per iteration against
@@ -76,7 +77,7 @@ from .scenario import DataCfg, Scenario, _validate, apply_overrides
 __all__ = ["PLAN_POLICIES", "DEFAULT_DENSITIES", "DEFAULT_P", "COLUMNS", "EVIDENCE_COLUMNS", "Config", "PlanInputs",
            "resolve_plan", "simulate_plan", "rank_rows", "why", "break_even", "exposed_selection_s", "Evidence",
            "EvidenceRun", "load_evidence", "iterations_to_target", "predict", "table_lines", "pareto_front",
-           "pareto_figure", "run_plan", "BASELINE", "baseline_collectives", "agarwal_rows", "espresso_rows", "anchor_lines", "run_anchors",
+           "pareto_figure", "run_plan", "NO_EVIDENCE_POLICIES", "BASELINE", "baseline_collectives", "agarwal_rows", "espresso_rows", "anchor_lines", "run_anchors",
            "ANCHOR_COLUMNS"]
 
 
@@ -90,12 +91,32 @@ def _uniform(name: str):
     return build
 
 
+def _hybrid(base: TimelinePolicy, *, spec: AlgorithmSpec, P: int, inputs: "PlanInputs", timer,
+            density: float) -> TimelinePolicy:
+    """The hybrid per-bucket policy (:mod:`sim.engine.hybrid`, docs/hybrid.md) of one configuration: the plan of
+    least simulated iteration that :func:`sim.engine.hybrid.choose_hybrid` finds for ``spec`` on P ranks, each DDP
+    bucket dense or compressed at one of the plan's densities, under the floor "overall density >= ``density``" (the
+    row's: it keeps at least what the uniform policies at that density keep, and the all-compressed plan at it is
+    the ``bucket`` policy). Raises what choose_hybrid raises."""
+    from sim.engine.hybrid import choose_hybrid
+
+    sc = inputs.sc
+    choice = choose_hybrid(inputs.workload, inputs.network_of(P), spec, P, densities=inputs.densities,
+                           bound="min_density", value=density, policy=base, device=inputs.device,
+                           batch_size=sc.training.batch_size, compute=inputs.compute, engine=sc.cluster.engine,
+                           dense_collective=sc.compression.dense_collective, timer=timer)
+    return choice.plan.policy(base)
+
+
 #: The selection policies a plan compares for the algorithms with k: name -> builder(base policy, spec=, P=,
-#: inputs=, timer=) returning the :class:`~sim.engine.timeline.TimelinePolicy` of one configuration. The hook for
-#: the hybrid per-bucket policy (:mod:`sim.engine.hybrid`): one entry ``"hybrid": builder`` whose builder chooses
-#: the plan for (spec, P) with :func:`sim.engine.hybrid.choose_hybrid` on ``inputs`` and ``timer`` and returns
-#: ``dataclasses.replace(base, sparse="hybrid", plan=chosen)``; every other part of ``sparsim plan`` reads this dict.
-PLAN_POLICIES = {"model": _uniform("model"), "bucket": _uniform("bucket"), "layer": _uniform("layer")}
+#: inputs=, timer=, density=) returning the :class:`~sim.engine.timeline.TimelinePolicy` of one configuration (``model``,
+#: ``bucket``, ``layer``: the uniform ones; ``hybrid``: :func:`_hybrid`). A new policy is one entry; every other part
+#: of ``sparsim plan`` reads this dict.
+PLAN_POLICIES = {"model": _uniform("model"), "bucket": _uniform("bucket"), "layer": _uniform("layer"),
+                 "hybrid": _hybrid}
+#: Policies whose configurations take no convergence evidence: the hybrid plan is chosen per row (its per-bucket
+#: densities differ from one row to the next), so a run of one hybrid plan says nothing about another.
+NO_EVIDENCE_POLICIES = ("hybrid",)
 
 #: Densities k/d compared when neither --densities, the scenario nor the evidence names any (log-spaced over the
 #: range the papers use: gTop-k 0.001, DGC 0.001, Ok-Topk 0.01 - 0.02, Top-k studies up to 0.1).
@@ -182,7 +203,8 @@ class PlanInputs:
         (its dense policy) for one without."""
         if not REGISTRY[cfg.algorithm].sparse:
             return self.base_policy
-        return PLAN_POLICIES[cfg.policy](self.base_policy, spec=spec, P=P, inputs=self, timer=timer)
+        return PLAN_POLICIES[cfg.policy](self.base_policy, spec=spec, P=P, inputs=self, timer=timer,
+                                         density=cfg.density)
 
 
 def _k(density: float, d: int) -> int:
@@ -397,6 +419,9 @@ def resolve_plan(scenario: str | None = None, overrides=(), *, model: str | None
         dens = tuple(sorted(evidence.densities))
     else:
         dens = DEFAULT_DENSITIES
+    if sc.workload.hybrid_plan:
+        raise ConfigError(f"workload.hybrid_plan = {sc.workload.hybrid_plan!r}: sparsim plan chooses each configuration's "
+                          "hybrid plan itself (policy hybrid): valid without it (sparsim run times a given plan)")
     if policies is not None:
         pols = _policies(policies)
     elif given("workload", "sparse_policy"):
@@ -685,6 +710,9 @@ class Evidence:
             raise ConfigError(f"--evidence {self.path}: its algorithms ({', '.join(sorted({r.algorithm for r in self.runs}))}) "
                               f"are none of the plan's ({', '.join(sorted(planned))}): valid --algorithms naming them")
         for r in used:  # evidence of an algorithm left out by --algorithms is not read
+            if r.policy in NO_EVIDENCE_POLICIES:
+                raise ConfigError(f"--evidence {self.path}: {r.label} (from {r.source}) ran a hybrid plan: valid "
+                                  "evidence of the uniform policies (the plan chooses each row's hybrid plan itself)")
             if r.key(inp.workload.d) not in keys:
                 dens = ", ".join(f"{d:g}" for d in inp.densities)
                 raise ConfigError(f"--evidence {self.path}: configuration {r.label} (from {r.source}) is not in the "
@@ -922,7 +950,8 @@ def predict(rows: list[dict], evidence: Evidence, target: float, d: int) -> list
     for row in rows:
         cfg = row["config"]
         key = _key(cfg.algorithm, cfg.collective, _k(cfg.density, d) if cfg.density is not None else None, cfg.policy)
-        runs = [(r, h) for r, h in by_key.get(key, []) if r.P is None or r.P == row["P"]]
+        runs = [(r, h) for r, h in by_key.get(key, []) if (r.P is None or r.P == row["P"])
+                and cfg.policy not in NO_EVIDENCE_POLICIES]
         row.update(metric=evidence.metric, target=target)
         if not runs:
             row.update(evidence="none", seeds=0, n_reached=0)

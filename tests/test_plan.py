@@ -358,3 +358,28 @@ def test_anchor_verdicts_follow_the_rules():
     assert [r["paper"] for r in es] == ["compress above 2^19", "compress above 2^20"]
     lines = pl.anchor_lines(rows + es)
     assert lines[0].startswith("## Agarwal") and any(ln.startswith("## Espresso") for ln in lines)
+
+
+def test_hybrid_rows_are_the_optimiser_and_beat_the_uniform_bucket_policy():
+    """policy hybrid: the plan choose_hybrid finds under 'overall density >= the row's density', timed by the
+    timeline exactly; an all-compressed plan at that density is the bucket policy and an all-dense one dense DDP on
+    the ring, both feasible, so the hybrid row is no slower than either."""
+    from sim.engine.hybrid import choose_hybrid
+
+    inp = pl.resolve_plan(model=MODEL, network="1GbE", P="8", densities="0.001,0.01", algorithms="dense:ring,gtopk:tree",
+                          policies="bucket,hybrid")
+    rows = pl.simulate_plan(inp)
+    dense = _row(rows, "dense", "ring", "ddp")
+    for dens in (0.001, 0.01):
+        h = next(r for r in rows if r["policy"] == "hybrid" and r["density"] == dens)
+        b = next(r for r in rows if r["policy"] == "bucket" and r["density"] == dens)
+        spec = AlgorithmSpec("gtopk", k=round(dens * inp.workload.d), collective="tree")
+        ch = choose_hybrid(inp.workload, get_preset("1GbE"), spec, 8, densities=(0.001, 0.01), bound="min_density",
+                           value=dens, policy=inp.base_policy, device=inp.device, batch_size=16,
+                           compute=inp.compute)
+        assert h["iter_s"] == ch.iter_s
+        assert h["iter_s"] <= b["iter_s"] and h["iter_s"] <= dense["iter_s"]
+    ev = pl.Evidence([pl.EvidenceRun("gtopk", "tree", None, 0.01, "hybrid", 0, 8, 16, MODEL, None, (0, 10), (0.1, 0.9),
+                                     "x.csv")], "test_accuracy", False, "x.csv")
+    with pytest.raises(pl.ConfigError, match="ran a hybrid plan: valid evidence of the uniform policies"):
+        ev.check_against(inp)
