@@ -540,7 +540,7 @@ def run_worker(rank: int, P: int, spec: AlgorithmSpec, workers, *, T: int, lr: C
             step_s = time.perf_counter() - t0
             wall += step_s
             if steps is not None:
-                steps.append(StepTrace(t0, tuple(segs), tuple(float(x) for x in busy - before)))
+                steps.append(StepTrace(t0, tuple(segs), tuple(float(x) for x in busy - before), float(step_s)))
             v, res = out.v, out.residual
             if traj is not None:
                 traj.append(v.copy())

@@ -36,11 +36,14 @@ class StepTrace:
     per yielded operation plus one for the end (category 0/1/2 = compute/compress/comm; signature:
     :func:`sim.base.ops.signature` of the operation, ``("end",)`` for the end). busy_s: the
     step's measured (compute, compress, comm) seconds, comm including the time blocked in messages.
+    wall_s: the step's wall seconds (perf_counter from start_s to the step's end; the busy segments lie inside
+    it, so sum(busy_s) <= wall_s), or None where not measured.
     """
 
     start_s: float
     segments: tuple
     busy_s: tuple
+    wall_s: float | None = None
 
 
 @dataclass
