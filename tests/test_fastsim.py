@@ -171,3 +171,130 @@ def test_hierarchical_collective_must_use_the_cluster_nodes():
 def test_comm_time_is_never_negative_at_p1():
     r = simulate_timing_fast(AlgorithmSpec("dense"), 1, 1000, network=get_preset("1GbE"), compute=JITTER, iterations=3)
     assert r.comm_s == 0.0
+
+
+def _every_column(G, k):
+    """Every (algorithm, collective) sparsim predict times on a cluster, as specs (hierarchical ones with G)."""
+    from sim.algorithms import REGISTRY, predict_columns
+
+    return [AlgorithmSpec(name, k=k if REGISTRY[name].sparse else None, collective=coll,
+                          **({"gpus_per_node": G} if coll == "hierarchical" else {}))
+            for name, coll in dict.fromkeys(predict_columns(True).values())]
+
+
+@pytest.mark.parametrize("P, G", [(16, 4), (24, 3), (12, 1)])
+def test_every_collective_on_clusters_equals_the_message_level_engine(P, G, monkeypatch):
+    """Every registered collective (Ok-Topk's P - 1 shifted rounds, SparCML's pairwise split rounds, the rings
+    of dense, CLT-k and PowerSGD, hierarchical ones) on unshared clusters (rail-optimised NICs: the per-class
+    path costs and the rotation gathers; G = 3: nodes found by //, not a shift; G = 1 with PCIe: four latencies
+    per path) and shared ones (a fat tree of 2-node leaves, PCIe staging through a shared NIC), with merge and
+    reduce costs: the fast engine gives the message-level engine's times at 1e-9, also with the sliced tables
+    of read-only size arrays forced on at every P (_SLICE_MIN = 1)."""
+    import sim.engine.fastsim as fs
+
+    monkeypatch.setattr(fs, "_SLICE_MIN", 1)
+    N = P // G
+    nets = {"rail": ClusterSpec(N, G, "nvswitch", 5e-6, 100e9, 5e-5, 3e9, nics_per_node=G),
+            "fat-tree": ClusterSpec(N, G, "nvswitch", 5e-6, 100e9, 5e-5, 3e9, nics_per_node=G, nodes_per_leaf=2,
+                                    oversubscription=2.0, spine_alpha_s=2e-6),
+            "pcie": ClusterSpec(N, G, "pcie", 1e-5, 1e9, 4e-4, 1.25e8, nics_per_node=1)}
+    d = 999
+    for name, net in nets.items():
+        assert bool(net.shared_levels()) == (name != "rail" and not (name == "pcie" and G == 1)), name
+        for spec in _every_column(G, 20):
+            a = simulate_timing(spec, P, d, network=net, compute=JITTER, iterations=2, engine="message")
+            b = simulate_timing(spec, P, d, network=net, compute=JITTER, iterations=2, engine="fast")
+            what = f"{name} {spec.name}/{spec.collective} P={P} G={G}"
+            np.testing.assert_allclose(b.iter_s, a.iter_s, rtol=1e-9, atol=0, err_msg=what)
+            assert (b.messages, b.bytes) == (a.messages, a.bytes), what
+
+
+@pytest.mark.parametrize("net", [ClusterSpec(6, 8, "nvswitch", 3e-6, 450e9, 5e-6, 50e9, nics_per_node=8),
+                                 ClusterSpec(8, 3, "nvswitch", 5e-6, 100e9, 5e-5, 3e9, nics_per_node=3),
+                                 ClusterSpec(40, 1, "pcie", 1e-5, 1e9, 4e-4, 1.25e8),
+                                 ClusterSpec(40, 1, "nvswitch", 1e-5, 1e9, 4e-4, 1.25e8)])
+def test_path_costs_by_class_are_the_per_link_sums_bit_for_bit(net):
+    """On an unshared cluster the fast engine looks a message's (summed latency, 1 / slowest bandwidth) up by its
+    class (self, same node, other node) instead of summing its route's links: the same floats, bit for bit, as the
+    per-link expression on the full routes, for random matchings of every size, rotations (r -> r + c, the
+    periodic shortcut) and a uniform round (scalars)."""
+    P = net.P
+    eng = FastCluster(P, net)
+    assert eng._classes is not None
+    rng = np.random.default_rng(5)
+    cases = [(np.arange(P), (np.arange(P) + c) % P, c) for c in range(P)]
+    for m in (1, 2, 7, P // 2, P):
+        s = rng.choice(P, m, replace=False)
+        cases.append((s, rng.permutation(P)[:m], None))
+    for s, d, rot in cases:
+        L, inv = eng._path_sums(net.routes(s, d))
+        route = eng._route(s, d, rot)
+        assert route[0] == "sum"
+        got_L, got_inv = np.broadcast_to(route[1], L.shape), np.broadcast_to(route[2], L.shape)
+        assert np.array_equal(got_L, L) and np.array_equal(got_inv, inv), (s, d, rot)
+        if route[3] is not None:  # per-class tables: the scalar-size look-up is the same L + n inv
+            n = 12345
+            assert np.array_equal(np.take(route[4] + n * route[5], route[3]), L + n * inv)
+
+
+def test_sliced_tables_at_scale_are_bit_identical_to_direct_evaluation(monkeypatch):
+    """At P = 4096 on dgx-h100 (the rings' sizes are slices of read-only tables, so costs and reduce seconds are
+    sliced from tables built once) the times equal, bit for bit, those with the tables turned off."""
+    import sim.engine.fastsim as fs
+
+    net = get_cluster_preset("dgx-h100", 4096)
+    cm = ComputeModel(forward_backward_s=0.0, select_coeff_s=0.0, merge_coeff_s=3e-10, reduce_coeff_s=1e-10)
+    d = 25_557_032
+    specs = [AlgorithmSpec("dense"), AlgorithmSpec("dense", collective="hierarchical", gpus_per_node=8)]
+    on = [simulate_timing_fast(s, 4096, d, network=net, compute=cm).iter_s[0] for s in specs]
+    monkeypatch.setattr(fs, "_SLICE_MIN", 1 << 62)
+    off = [simulate_timing_fast(s, 4096, d, network=net, compute=cm).iter_s[0] for s in specs]
+    assert on == off
+    assert on[0] == pytest.approx(costs.ring_allreduce_time(4096, d, 5e-6, 1 / 50e9), rel=0.2)  # sanity: the ring
+
+
+def test_a_round_that_is_not_a_matching_is_refused():
+    """A rotation whose receives are not its inverse, and a general round with a wrong receiver, are pattern bugs."""
+    eng = FastCluster(8, ClusterSpec(2, 4, nics_per_node=4))
+    R = np.arange(8)
+    with pytest.raises(RuntimeError, match="do not match"):
+        eng.exchange((R + 1) % 8, (R + 1) % 8, 10)
+    with pytest.raises(RuntimeError, match="do not match"):
+        eng.exchange(R ^ 1, R ^ 2, 10)
+    dst = np.full(8, -1)
+    dst[0] = 3
+    src = np.full(8, -1)
+    src[3] = 1
+    with pytest.raises(RuntimeError, match="do not match"):
+        eng.exchange(dst, src, 10)
+    eng.exchange((R + 1) % 8, (R - 1) % 8, 10)  # a real ring round goes through
+    assert eng.messages == 8
+
+
+@pytest.mark.parametrize("P, G", [(1, 1), (2, 1), (7, 1), (12, 3), (16, 4), (10, 5)])
+def test_shifted_ring_rounds_are_the_ring_schedules_rounds(P, G):
+    """The ring's rounds read once on position 0 with sizes sliced from a doubled chunk table
+    (sim.comm.rounds.shifted_ring_rounds) equal, array by array, ring_rounds on every position's schedule: the flat
+    ring of ring_allreduce_rounds and the inter-node ring of hier_allreduce_rounds (chunk sizes per local index)."""
+    from sim.comm import collectives as C
+    from sim.comm import rounds as V
+
+    def same(a, b):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert type(x) is type(y)
+            if isinstance(x, V.Round):
+                assert np.array_equal(x.dst, y.dst) and np.array_equal(x.src, y.src)
+                assert np.array_equal(np.broadcast_to(x.nbytes, (P,)), np.broadcast_to(y.nbytes, (P,)))
+            else:
+                assert x.kind == y.kind and np.array_equal(x.work, y.work)
+
+    R = np.arange(P, dtype=np.int64)
+    for n in (1, P - 1 if P > 1 else 1, 3 * P + 2, 1001):
+        same(list(V.ring_allreduce_rounds(R, P, n, 4)),
+             list(V.ring_rounds(C.ring_schedule(R, P), V.mapper(1, 0), lambda c: V.chunk_size(n, P, c), 4)))
+        local, node, N = R % G, R // G, P // G
+        own = V.chunk_size(n, G, (local + 1) % G)
+        old = list(V.ring_rounds(C.ring_schedule(node, N), V.mapper(G, local), lambda c: V.chunk_size(own, N, c), 8))
+        own_l = V.chunk_size(n, G, (np.arange(G) + 1) % G)
+        same(list(V.shifted_ring_rounds(node, N, G, V.chunk_size(own_l[None, :], N, np.arange(N)[:, None]), 8)), old)

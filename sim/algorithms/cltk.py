@@ -94,7 +94,7 @@ class CLTK(Algorithm):
         yield V.Work("select", np.where(R == root, d, 0))
         yield from V.bcast_rounds(R, P, root, k * spec.index_bytes)
         if spec.collective == "ring":
-            yield from V.ring_allreduce_rounds(R, P, k, vb, to_rank=lambda p: p)
+            yield from V.ring_allreduce_rounds(R, P, k, vb)
         else:
             yield from V.rd_allreduce_rounds(R, P, k, vb)
 

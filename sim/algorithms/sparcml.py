@@ -157,7 +157,12 @@ def _ssar_rounds(spec, P: int, d: int, split: bool):
     R = np.arange(P, dtype=np.int64)
     vb, ib, t = spec.value_bytes, spec.index_bytes, spec.opt("dense_threshold")
     s_el = vb + ib
-    dense_of = np.vectorize(lambda c, w: C.ssar_is_dense(int(c), int(w), vb, ib, t), otypes=[bool])
+
+    def dense_of(c, w):
+        """C.ssar_is_dense of every count c (int array (P,)) over the scalar width w, evaluated once per distinct
+        count (the ranks' counts take few values)."""
+        u, inv = np.unique(c, return_inverse=True)
+        return np.array([C.ssar_is_dense(int(x), int(w), vb, ib, t) for x in u.tolist()], dtype=bool)[inv]
     k = min(int(spec.k), d)
     cnt = np.full(P, k, dtype=np.int64)
     dns = np.full(P, C.ssar_is_dense(k, d, vb, ib, t))
@@ -201,24 +206,33 @@ def _split_phase_rounds(R, pof2, rem, cnt, dns, d, vb, s_el, t, active):
     m = -(-d // pof2)
     p = -(-cnt // pof2)
     ib = s_el - vb
-    piece_dense = dns | np.vectorize(lambda c: C.ssar_is_dense(int(c), m, vb, ib, t), otypes=[bool])(p)
+    u_p, inv_p = np.unique(p, return_inverse=True)  # C.ssar_is_dense once per distinct piece count
+    piece_dense = dns | np.array([C.ssar_is_dense(int(c), m, vb, ib, t) for c in u_p.tolist()], dtype=bool)[inv_p]
     b = np.where(piece_dense, m * vb, p * s_el)
+    everyone = bool(active.all())
+    if np.all(b == b[0]):
+        b = int(b[0])  # the same piece size on every rank: a scalar (cheaper for an engine, the same bytes)
     u = C._rd_newrank(R, rem)
     for j in range(1, pof2):
-        peer = np.where(active, C._rd_real(u ^ j, rem), -1)
+        # with no fold (rem = 0) every rank is a survivor and _rd_real is the identity: the partner is u ^ j
+        peer = u ^ j if everyone and rem == 0 else np.where(active, C._rd_real(u ^ j, rem), -1)
         yield V.Round(peer, peer, b)
     # the owner's merges in newrank order: the pieces of survivor w are those of real rank _rd_real(w)
     order = C._rd_real(np.arange(pof2), rem)
     pc, pd = p[order], piece_dense[order]
     rc, rd = int(pc[0]), bool(pd[0])
+
+    def on_active(x):  # x on the survivors, 0 elsewhere (a scalar when every rank is one)
+        return x if everyone else np.where(active, x, 0)
+
     for w in range(1, pof2):
         total = rc + int(pc[w])
         if not rd and not pd[w]:
-            yield V.Work("merge", np.where(active, total, 0))
+            yield V.Work("merge", on_active(total))
         elif rd and pd[w]:
-            yield V.Work("reduce", np.where(active, m, 0))
+            yield V.Work("reduce", on_active(m))
         else:
-            yield V.Work("reduce", np.where(active, int(pc[w]) if rd else rc, 0))
+            yield V.Work("reduce", on_active(int(pc[w]) if rd else rc))
         rd = rd or bool(pd[w]) or C.ssar_is_dense(total, m, vb, ib, t)
         rc = min(total, m)
     return rc

@@ -18,7 +18,8 @@ collective through the two engines, and ``tests/test_timing.py`` the timing-only
 
 Sizes are timing-only (:mod:`sim.comm.payloads`): dense messages of every value, sparse selections of exactly
 k entries, every merge keeping k. Identity of arrays matters for speed, not for the numbers: a ring reuses the
-same (dst, src) arrays every round so an engine may cache their routes.
+same (dst, src) arrays every round so an engine may cache their routes, and its sizes are slices of one read-only
+table (:func:`shifted_ring_rounds`) so an engine may evaluate elementwise costs of the table once.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ import numpy as np
 
 from sim.comm import collectives as C
 
-__all__ = ["Work", "Round", "Rounds", "count_messages", "chunk_size", "mapper", "ring_rounds", "binomial_rounds",
-           "ring_allreduce_rounds", "rd_allreduce_rounds", "hier_allreduce_rounds", "bcast_rounds",
+__all__ = ["Work", "Round", "Rounds", "count_messages", "chunk_size", "mapper", "ring_rounds", "shifted_ring_rounds",
+           "binomial_rounds", "ring_allreduce_rounds", "rd_allreduce_rounds", "hier_allreduce_rounds", "bcast_rounds",
            "topk_allgather_rounds", "hier_topk_allgather_rounds",
            "gtopk_tree_rounds", "gtopk_rd_rounds", "hier_gtopk_rounds"]
 
@@ -128,11 +129,41 @@ def bcast_rounds(R: np.ndarray, P: int, root: int, nbytes: int) -> Rounds:
 # ----------------------------------------------------------------------------- dense allreduce
 
 
+def shifted_ring_rounds(pos: np.ndarray, n_ring: int, inner: int, sizes: np.ndarray, value_bytes: int) -> Rounds:
+    """:func:`ring_rounds` of :func:`sim.comm.collectives.ring_schedule` on ring positions ``pos`` (int array (P,))
+    where rank r = pos[r] * inner + (r % inner), with chunk sizes ``sizes[c, l]`` (int array (n_ring, inner): the
+    elements of chunk c on the ranks of inner index l). The schedule shifts with the position (``ring_schedule``: at
+    step s rank r sends chunk (pos - s) % n_ring, then (pos + 1 - s) % n_ring), so it is read once on position 0
+    (Python ints) and every round's sizes are a slice of the chunk table laid out twice: chunk (c0 + pos) % n_ring
+    of the rank r = pos * inner + l sits at (c0 * inner + r) of the flattened doubled table. The same Rounds and
+    Work as :func:`ring_rounds` (equal arrays), without O(P) index arithmetic per round."""
+    steps = C.ring_schedule(pos, n_ring)
+    first = next(steps, None)
+    if first is None:  # n_ring = 1: no rounds
+        return
+    right, left = first[0], first[1]
+    offset = np.arange(pos.shape[0], dtype=np.int64) % inner if inner > 1 else 0
+    gd, gs = right * inner + offset, left * inner + offset  # the same arrays every round (an engine may cache)
+    flat = sizes.reshape(-1)
+    ext = np.concatenate((flat, flat))  # (2 n_ring * inner,): chunk c of inner index l at c * inner + l
+    ext_b = ext * value_bytes
+    ext.setflags(write=False)  # read-only: an engine may compute elementwise functions of them once
+    ext_b.setflags(write=False)
+    P = pos.shape[0]
+    for _, _, send_c, recv_c, reduce in C.ring_schedule(0, n_ring):
+        yield Round(gd, gs, ext_b[send_c * inner:send_c * inner + P])
+        if reduce:
+            yield Work("reduce", ext[recv_c * inner:recv_c * inner + P])
+
+
 def ring_allreduce_rounds(R: np.ndarray, P: int, n, value_bytes: int, to_rank=None) -> Rounds:
     """:func:`sim.comm.collectives.ring_allreduce` of n values on every rank R = arange(P): 2(P-1) rounds of one
-    ``np.array_split`` chunk each, a ``reduce`` Work of the received chunk in the first P-1."""
-    yield from ring_rounds(C.ring_schedule(R, P), to_rank or mapper(1, 0), lambda c: chunk_size(n, P, c),
-                           value_bytes)
+    ``np.array_split`` chunk each, a ``reduce`` Work of the received chunk in the first P-1. to_rank: the position
+    -> rank map (default: the identity, evaluated by :func:`shifted_ring_rounds`)."""
+    if to_rank is None:
+        yield from shifted_ring_rounds(R, P, 1, chunk_size(n, P, np.arange(P, dtype=np.int64))[:, None], value_bytes)
+        return
+    yield from ring_rounds(C.ring_schedule(R, P), to_rank, lambda c: chunk_size(n, P, c), value_bytes)
 
 
 def rd_allreduce_rounds(R: np.ndarray, P: int, n: int, value_bytes: int) -> Rounds:
@@ -154,8 +185,9 @@ def hier_allreduce_rounds(R: np.ndarray, P: int, G: int, n: int, value_bytes: in
     intra = mapper(1, node * G)
     steps = list(C.ring_schedule(local, G))
     yield from ring_rounds(steps[:G - 1], intra, lambda c: chunk_size(n, G, c), value_bytes)
-    own = chunk_size(n, G, (local + 1) % G)
-    yield from ring_rounds(C.ring_schedule(node, N), mapper(G, local), lambda c: chunk_size(own, N, c), value_bytes)
+    own_l = chunk_size(n, G, (np.arange(G, dtype=np.int64) + 1) % G)  # each local index's own chunk
+    yield from shifted_ring_rounds(node, N, G, chunk_size(own_l[None, :], N, np.arange(N, dtype=np.int64)[:, None]),
+                                   value_bytes)
     yield from ring_rounds(steps[G - 1:], intra, lambda c: chunk_size(n, G, c), value_bytes)
 
 

@@ -27,6 +27,14 @@ may differ from time order, and :meth:`FastCluster.step` replays that iteration 
 time order (:meth:`FastCluster._event_replay`). So the fast engine gives the message-level engine's times (to
 the last bit in the tests' cases, asserted at 1e-9), on any fabric :func:`fast_engine_refusal` accepts:
 quantum_s > 0 and zero latencies on shared links are left to the message-level engine.
+
+Speed (the same floats, by construction, tested bit for bit): a round's pattern is analysed once per (dst, src)
+array pair; on a fabric with no shared link a message's cost is looked up by its class (to itself, inside its node,
+to another node: every link of a level is alike there) instead of summed over its route's links; a round that
+is a rotation r -> (r + c) % P of every rank gathers by two slices; and sizes or work that are slices of a
+read-only table (:func:`sim.comm.rounds.shifted_ring_rounds`) take their costs as slices of the table's
+elementwise costs, computed once. Each is the same elementwise operation on the same values as the direct
+evaluation, so every number is unchanged.
 """
 from __future__ import annotations
 
@@ -42,6 +50,11 @@ from sim.machine.topology import ClusterSpec
 
 __all__ = ["FastCluster", "fast_iteration", "fast_collective", "as_cluster",
            "fast_engine_refusal"]
+
+
+#: Arrays shorter than this are computed directly rather than sliced from tables (:meth:`FastCluster._slice_of`):
+#: below it the look-up's Python overhead costs more than the elementwise operations it saves.
+_SLICE_MIN = 2048
 
 
 def as_cluster(network, P: int):
@@ -148,6 +161,66 @@ class FastCluster:
         self._overtaken = False
         self._ops = None  # while a step is recorded for the event replay: its operations
         self.event_replays = 0
+        self._R = np.arange(self.P, dtype=np.int64)
+        self._R2 = np.concatenate((self._R, self._R))  # its slices are the rotations r -> (r + c) % P
+        m = self.model  # frozen: the kinds that cost nothing on any rank, decided once
+        self._free_kinds = {k for k, c in (("merge", m.merge_coeff_s), ("reduce", m.reduce_coeff_s),
+                                           ("update", m.update_coeff_s)) if c == 0.0}
+        self._classes = self._class_table() if self._unshared and isinstance(self.fabric, ClusterSpec) else None
+        self._bases = {}  # id -> (read-only base, its flat view, its address): see _slice_of
+        self._sec_cache = {}  # (kind, id(base)) -> (base, seconds of every element of the base)
+        self._cost_cache = {}  # (id(route), id(base)) -> (route, base, per-class cost tables or None)
+
+    def _slice_of(self, a):
+        """(flat base, offset) when ``a`` is a contiguous 1-D slice of a read-only contiguous array (a program's
+        table that cannot change under the engine, e.g. :func:`sim.comm.rounds.shifted_ring_rounds`' chunk sizes),
+        so that elementwise functions of ``a`` are slices of the same function of the base, computed once; else
+        None."""
+        b = a.base
+        if b is None or b.flags.writeable or not b.flags.c_contiguous or a.ndim != 1 or not a.flags.c_contiguous \
+                or b.dtype != a.dtype:
+            return None
+        got = self._bases.get(id(b))
+        if got is None or got[0] is not b:
+            if len(self._bases) > 64:
+                self._bases.clear()
+            got = self._bases[id(b)] = (b, b.reshape(-1), b.__array_interface__["data"][0])
+        off = (a.__array_interface__["data"][0] - got[2]) // a.itemsize
+        return got[1], off
+
+    def _class_table(self):
+        """On an unshared cluster (no shared level, hence no fat tree: :meth:`ClusterSpec.shared_levels`) every
+        link of a level has the same latency and bandwidth, so a message's (summed latency, 1 / slowest bandwidth)
+        depends only on its class: 0 to itself, 1 inside its node, 2 to another node. Returns (G, node shift or
+        None, L float array (3,), inv float array (3,)), L and inv computed by :meth:`_path_sums` (the expression
+        every route of the class would take) on one representative route per class (a class the cluster
+        lacks gets rank 0's self-route: never looked up)."""
+        f = self.fabric
+        G = f.gpus_per_node
+        rep_d = np.array([0, 1 if G > 1 else 0, G if f.nodes > 1 else 0], dtype=np.int64)
+        L, inv = self._path_sums(f.routes(np.zeros(3, dtype=np.int64), rep_d))
+        shift = G.bit_length() - 1 if G & (G - 1) == 0 else None  # node = r >> shift for G a power of two
+        return G, shift, L, inv
+
+    def _path_sums(self, R):
+        """(summed latency s, max 1 / bandwidth s/byte) of routes R (int array (m, 6), -1 = level not crossed):
+        float arrays (m,), the levels in path order."""
+        has = R >= 0
+        return (np.where(has, self._lat[R], 0.0).sum(axis=1),
+                np.where(has, 1.0 / self._bw[R], 0.0).max(axis=1))
+
+    def _class_of(self, s, d, rot):
+        """Class (:meth:`_class_table`) of each message s -> d (int arrays (m,)): int8 array (m,). rot: c when the
+        round is the rotation r -> (r + c) % P of every rank (then the class is periodic in r with period G)."""
+        G, shift, _, _ = self._classes
+        if rot is not None and self.P % G == 0:  # rank r = node * G + l: the class depends on l alone
+            loc = np.arange(G, dtype=np.int64)
+            code = (((loc + rot) // G) % (self.P // G) != 0).astype(np.int8) + np.int8(rot != 0)
+            return np.tile(code, self.P // G)
+        if G == 1:
+            return (s != d).view(np.int8) * np.int8(2)
+        ns, nd = (s >> shift, d >> shift) if shift is not None else (s // G, d // G)
+        return (s != d).view(np.int8) + (ns != nd).view(np.int8)
 
     @property
     def busy(self) -> np.ndarray:
@@ -163,10 +236,21 @@ class FastCluster:
     # -- compute ---------------------------------------------------------------------------
     def compute(self, kind: str, work, iteration: int) -> None:
         """Every rank computes ``work`` (scalar or (P,) array) of ``kind`` (:data:`sim.base.ops.COMPUTE_KINDS`)."""
-        m = self.model
-        if {"merge": m.merge_coeff_s, "reduce": m.reduce_coeff_s, "update": m.update_coeff_s}.get(kind, 1.0) == 0.0:
+        if kind in self._free_kinds:
             return  # costs nothing on any rank
-        sec = m.seconds_all(kind, work, self.P, iteration)
+        view = None
+        if kind not in ("forward_backward", "select") and isinstance(work, np.ndarray) and work.shape[0] >= _SLICE_MIN:
+            view = self._slice_of(work)
+        if view is not None:  # a slice of a read-only table: the same slice of the table's seconds
+            base, off = view
+            got = self._sec_cache.get((kind, id(base)))
+            if got is None or got[0] is not base:
+                if len(self._sec_cache) > 64:
+                    self._sec_cache.clear()
+                got = self._sec_cache[(kind, id(base))] = (base, self.model.seconds_all(kind, base, self.P, iteration))
+            sec = got[1][off:off + work.shape[0]]
+        else:
+            sec = self.model.seconds_all(kind, work, self.P, iteration)
         if np.ndim(sec) == 0 and sec == 0:
             return
         if self._ops is not None:  # recording for the event replay: the clock is left alone
@@ -197,13 +281,10 @@ class FastCluster:
             return
         key = (id(dst), id(src))
         if key != self._cache_key or self._cache_obj[0] is not dst or self._cache_obj[1] is not src:
-            s = np.flatnonzero(dst >= 0)
-            d = dst[s]
-            if not np.array_equal(src[d], s) or int(np.count_nonzero(src >= 0)) != s.shape[0]:
-                raise RuntimeError("fast engine: the round's sends and receives do not match (a pattern bug)")
+            self._cache_key, self._cache_obj = None, None
+            self._cache = self._pattern(dst, src)
             self._cache_key, self._cache_obj = key, (dst, src)
-            self._cache = (s, d, self._route(s, d), s.shape[0] == self.P)
-        s, d, route, everyone = self._cache
+        s, d, route, everyone, rot = self._cache
         if s.shape[0] == 0:
             return
         ready = self.ready
@@ -213,10 +294,15 @@ class FastCluster:
         else:
             nb = nbytes if everyone else nbytes[s]
             self.bytes += int(nb.sum())
-        if everyone:  # every rank sends one message and receives one: no gathers by s
-            start = np.maximum(ready, ready[d])
+        if rot is not None:  # r -> (r + c) % P for every r: the gathers are two slices each
+            start = np.maximum(ready, np.concatenate((ready[rot:], ready[:rot])))
             arrive = self._transfer(s, nb, start, route)
-            new = np.maximum(arrive, arrive[src])
+            back = self.P - rot
+            new = np.maximum(arrive, np.concatenate((arrive[back:], arrive[:back])))
+        elif everyone:  # every rank sends one message and receives one: no gathers by s
+            start = np.maximum(ready, np.take(ready, d))
+            arrive = self._transfer(s, nb, start, route)
+            new = np.maximum(arrive, np.take(arrive, src))
         else:
             start = np.maximum(ready[s], ready[d])
             arrive = self._transfer(s, nb, start, route)
@@ -226,22 +312,79 @@ class FastCluster:
         self.ready = new
         self.messages += int(s.shape[0])
 
-    def _route(self, s, d):
+    def _sliced_cost(self, route, view, m):
+        """L + n inv of an unshared route (:meth:`_route`) whose sizes n are the slice (flat base, offset) of a
+        read-only table, from per-class tables of L_c + base inv_c built the second time the (route, base) pair is
+        seen (the same elementwise operations, so the same bits); None before that."""
+        base, off = view
+        key = (id(route), id(base))
+        got = self._cost_cache.get(key)
+        if got is None or got[0] is not route or got[1] is not base:
+            if len(self._cost_cache) > 64:
+                self._cost_cache.clear()
+            self._cost_cache[key] = (route, base, None)
+            return None
+        tables = got[2]
+        if tables is None:
+            _, L, inv, code, Lt, it = route
+            if code is None:
+                tables = (L + base * inv,)
+            else:
+                present = np.flatnonzero(np.bincount(code, minlength=Lt.shape[0]))
+                per = [Lt[c] + base * it[c] for c in range(Lt.shape[0])]
+                tables = ((code == present[1], per[present[0]], per[present[1]]) if present.shape[0] == 2
+                          else (code, *per))
+            self._cost_cache[key] = (route, base, tables)
+        sl = slice(off, off + m)
+        if len(tables) == 1:
+            return tables[0][sl]
+        if len(tables) == 3 and tables[0].dtype == bool:
+            return np.where(tables[0], tables[2][sl], tables[1][sl])
+        return np.choose(tables[0], [t[sl] for t in tables[1:]])
+
+    def _pattern(self, dst, src):
+        """(s, d, route, everyone, rot) of a round's (dst, src) (see :meth:`exchange`), built once per pattern:
+        the senders s and their destinations d (int arrays (m,)), :meth:`_route`, whether every rank sends, and
+        c when the round is the rotation r -> (r + c) % P of every rank (else None). Raises RuntimeError if the
+        round is not a matching."""
+        P = self.P
+        bad = "fast engine: the round's sends and receives do not match (a pattern bug)"
+        rot = None
+        if int(np.count_nonzero(dst >= 0)) == P:  # everyone sends: s = 0..P-1, d = dst
+            s, d = self._R, dst
+            c = int(dst[0])
+            if c < P and np.array_equal(dst, self._R2[c:c + P]):  # a rotation: its inverse is the only match
+                if not np.array_equal(src, self._R2[P - c:2 * P - c]):
+                    raise RuntimeError(bad)
+                rot = c
+            elif int(np.count_nonzero(src >= 0)) != P or not np.array_equal(np.take(src, dst), self._R):
+                raise RuntimeError(bad)
+        else:
+            s = np.flatnonzero(dst >= 0)
+            d = dst[s]
+            if not np.array_equal(src[d], s) or int(np.count_nonzero(src >= 0)) != s.shape[0]:
+                raise RuntimeError(bad)
+        everyone = s.shape[0] == P
+        return s, d, (self._route(s, d, rot) if s.shape[0] else None), everyone, rot
+
+    def _route(self, s, d, rot=None):
         """What :meth:`_transfer` needs of the messages s -> d (int arrays (m,)), built once per pattern:
-        ("sum", latency sums, 1 / slowest bandwidths) when no link is shared; for a ClusterSpec, per group of
-        messages crossing the same levels, the :meth:`_plan` segments; for a ring topology, (direction, hops)."""
+        ("sum", latency sums, 1 / slowest bandwidths, class, L by class, inv by class) when no link is shared
+        (scalars and no class when every message costs the same, else float arrays (m,) and the int8 classes of
+        :meth:`_class_of`); for a ClusterSpec, per group of messages crossing the same levels, the :meth:`_plan`
+        segments; for a ring topology, (direction, hops). rot: see :meth:`_class_of`."""
         f = self.fabric
         if self._unshared:  # no link is ever shared: a path costs its latencies plus n / its slowest bandwidth
-            if isinstance(f, ClusterSpec):
-                R = f.routes(s, d)
-                has = R >= 0
-                L = np.where(has, self._lat[R], 0.0).sum(axis=1)
-                inv = np.where(has, 1.0 / self._bw[R], 0.0).max(axis=1)
-            else:  # star: two store-and-forward hops; direct: one
-                hops = 2 if f.topology == "star" else 1
-                L = np.full(s.shape, hops * f.link_latency_s)
-                inv = np.full(s.shape, hops / f.link_bandwidth_Bps)
-            return ("sum", L, inv)
+            if isinstance(f, ClusterSpec):  # looked up by class: the values of _path_sums(f.routes(s, d))
+                code = self._class_of(s, d, rot)
+                _, _, Lt, it = self._classes
+                c0 = int(code[0])
+                if not np.any(code != c0):
+                    return ("sum", Lt[c0], it[c0], None, None, None)
+                return ("sum", np.take(Lt, code), np.take(it, code), code, Lt, it)
+            hops = 2 if f.topology == "star" else 1  # star: two store-and-forward hops; direct: one
+            return ("sum", np.float64(hops * f.link_latency_s), np.float64(hops / f.link_bandwidth_Bps), None, None,
+                    None)
         if isinstance(f, ClusterSpec):
             R = f.routes(s, d)
             sig = ((R >= 0) * (1 << np.arange(6))).sum(axis=1)  # which levels each message crosses
@@ -327,7 +470,16 @@ class FastCluster:
         """Arrival time of each message (float array (m,)) that leaves its sender at ``start``."""
         f = self.fabric
         if self._unshared:
-            _, L, inv = route
+            _, L, inv, code, Lt, it = route
+            if np.ndim(nb) == 0:
+                if code is not None:  # the same n for all: L + n inv per class, looked up
+                    return start + np.take(Lt + nb * it, code)
+            elif nb.shape[0] >= _SLICE_MIN:
+                view = self._slice_of(nb)
+                if view is not None:
+                    cost = self._sliced_cost(route, view, nb.shape[0])
+                    if cost is not None:
+                        return start + cost
             return start + (L + nb * inv)
         if isinstance(f, ClusterSpec):  # pipelined links (sim.machine.topology), the message-level engine's arithmetic
             arrive = np.empty(start.shape)
