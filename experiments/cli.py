@@ -459,12 +459,14 @@ def workload_hybrid_plan(scenario, overrides, out, algorithm, densities, min_den
     simulated iteration under one bound; print the plan, the uniform policies and the gain; write --out (docs/hybrid.md).
 
     Train or time the plan with workload.sparse_policy = "hybrid" and workload.hybrid_plan = FILE, or give it to the
-    DDP hook (register_sparse_hook(ddp, "gtopk", plan=FILE))."""
+    DDP hook (register_sparse_hook(ddp, "gtopk", plan=FILE)); the plan names its algorithm and only that algorithm
+    runs it. A --set key the plan does not read (e.g. training.iterations; compression.density without
+    --error-bound) is an error."""
     from pathlib import Path as _P
 
     from sim.engine.hybrid import save_plan
 
-    from .hybrid import make_plan, parse_densities, plan_lines
+    from .hybrid import check_plan_overrides, make_plan, parse_densities, plan_lines
     from .scenario import load_scenario
 
     given = [(b, v) for b, v in (("min_density", min_density), ("density", density_bound), ("error", error_bound))
@@ -478,9 +480,11 @@ def workload_hybrid_plan(scenario, overrides, out, algorithm, densities, min_den
         raise SparsimError(f"--out {out!r} exists: choose another name or pass --force")
     if not _P(out).resolve().parent.is_dir():
         raise SparsimError(f"--out {out!r}: the directory {str(_P(out).parent)!r} does not exist")
-    sc = load_scenario(scenario, list(overrides))
+    sc = load_scenario(scenario, list(overrides))  # a bad --set value is blamed on the --set
+    check_plan_overrides(sc, overrides, given[0][0], algorithm)  # a --set key the plan does not read: one line
     choice = make_plan(sc, parse_densities(densities), given[0][0], given[0][1], algorithm=algorithm,
-                       measure_iterations=20 if measure_iterations is None else measure_iterations)
+                       measure_iterations=20 if measure_iterations is None else measure_iterations,
+                       overrides=list(overrides))
     for line in plan_lines(choice, sc):
         click.echo(line)
     save_plan(choice.plan, out, force=force)

@@ -102,8 +102,10 @@ def timeline_policy(sc: Scenario):
     """The :class:`sim.engine.timeline.TimelinePolicy` of the scenario's [workload] table: dense and sparse
     policies, DDP's bucket caps and Horovod's fusion threshold (MiB), its cycle time (s), whether the hook
     blocks backward, and for sparse_policy = "hybrid" the plan of ``workload.hybrid_plan``
-    (:func:`sim.engine.hybrid.load_plan`; ConfigError for a missing or bad file, checked against the model when the
-    timeline runs)."""
+    (:func:`sim.engine.hybrid.load_plan`; ConfigError for a missing or bad file, or a sparse algorithm of the scenario
+    other than the plan's own or one no plan can run, :func:`sim.engine.hybrid.check_plan_algorithm` -- here, before a
+    timing run's timeline or a [model] run's numerics is built, so both refuse the same runs in the same words; the
+    model and buckets are checked when the timeline or the numerics meet the model)."""
     from sim.engine.timeline import TimelinePolicy
 
     w = sc.workload
@@ -112,6 +114,9 @@ def timeline_policy(sc: Scenario):
         from sim.engine.hybrid import load_plan
 
         plan = load_plan(w.hybrid_plan)
+        for entry, _name, _preset, algo in sc.running_algorithms():
+            if algo.sparse:  # dense runs its dense_policy; every sparse algorithm runs the plan
+                plan.check_algorithm(entry)
     return TimelinePolicy(dense=w.dense_policy, sparse=w.sparse_policy, bucket_cap_mb=w.bucket_cap_mb,
                           first_bucket_mb=w.first_bucket_mb, fusion_threshold_mb=w.fusion_threshold_mb,
                           cycle_time_s=w.cycle_time_s, blocking=w.hook_blocks_backward, plan=plan)

@@ -38,10 +38,16 @@ def summary_lines(path: Path) -> Iterator[str]:
             where = f"network alpha = {net['alpha_s']:.3g} s, beta = {net['beta_s_per_byte']:.3g} s/byte"
         where += f"; engine {net.get('engine', 'message')}"
         clock = "sim time s"
+    plan = _hybrid_plan(r)
     sel = (f"; {r['k_selected_per_worker']} selected per worker over {r['n_segments']} segments, k_b = min(d_b, "
            f"max(1, round(k d_b / d))), c = {r['compression_ratio_c_selected']:.4g}") if "k_selected_per_worker" in r else ""
-    yield (f"P = {r['P']}, d = {r['d']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}{sel}), "
-           f"B = {r['global_batch_B']}, {where}")
+    if plan is not None:  # each bucket has its own density: the plan's k_b, not the uniform rule
+        from .hybrid import plan_k_text
+
+        yield f"P = {r['P']}, d = {r['d']}, {plan_k_text(plan)}, B = {r['global_batch_B']}, {where}"
+    else:
+        yield (f"P = {r['P']}, d = {r['d']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}{sel}), "
+               f"B = {r['global_batch_B']}, {where}")
     if "workload" in r:  # a [model] run: a network on images, timed by its layer-wise timeline
         yield from _net_lines(r, s)
         return
@@ -95,6 +101,12 @@ def costs_lines(costs: dict) -> list[str]:
     return [head, *(f"  {', '.join(kinds)}: {src}" for src, kinds in by_source.items())]
 
 
+def _hybrid_plan(r: dict) -> dict | None:
+    """summary.json's hybrid plan (``resolved.policy.plan``) of a run with workload.sparse_policy = "hybrid", else None."""
+    pol = r.get("policy") or {}
+    return pol.get("plan") if pol.get("sparse") == "hybrid" else None
+
+
 def _fixed(x: float, width: int, prec: int) -> str:
     """``x`` right-aligned in ``width`` columns with ``prec`` decimals, or in exponent notation when the
     fixed form would not leave a blank column before it (a huge loss or time is shown as 1.234e+21, not as 22
@@ -117,7 +129,14 @@ def _workload_lines(path: Path, s: dict) -> Iterator[str]:
         yield from costs_lines(r["compute_costs"])
     pol = r["policy"]
     net = r["network"]
-    yield (f"P = {r['P']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}), network {s['scenario']['cluster']['network']}: "
+    plan = _hybrid_plan(r)
+    if plan is not None:  # each bucket has its own density: the plan's k_b, not k / d per bucket
+        from .hybrid import plan_k_text
+
+        ks = plan_k_text(plan)
+    else:
+        ks = f"k = {r['k']} (c = {r['compression_ratio_c']:.4g})"
+    yield (f"P = {r['P']}, {ks}, network {s['scenario']['cluster']['network']}: "
            f"alpha = {net['alpha_s']:.3g} s, beta = {net['beta_s_per_byte']:.3g} s/byte; dense policy "
            f"{pol['dense']}, sparse policy {pol['sparse']}")
     yield (f"{'algorithm':<18}{'iter ms':>10}{'compute':>10}{'exposed':>10}{'comm':>10}{'select':>9}{'overlap':>9}"

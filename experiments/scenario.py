@@ -782,12 +782,17 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 DEFAULT_SCENARIO_TEXT = resources.files("experiments").joinpath("scenarios/default.toml").read_text()
 
 
+#: The scenario keys that name a file or folder (table, key): a relative path in a scenario file is relative to the
+#: file's folder (:func:`load_scenario`).
+FILE_RELATIVE_KEYS = (("data", "path"), ("workload", "table"), ("workload", "hybrid_plan"))
+
+
 def load_scenario(path: str | None = None, overrides: list[str] | None = None) -> Scenario:
     """Load a scenario TOML file (or the embedded default when ``path`` is None) and apply overrides.
 
-    A relative ``data.path`` in the file is taken relative to the file's folder and recorded as an absolute path (an
-    absolute one is kept as it is; one given by an override, ``--set data.path=...``, is relative to the working
-    directory). Raises ConfigError for a missing file (a folder or a device said as such), invalid TOML, unknown
+    A relative path in the file (``data.path``, ``workload.table``, ``workload.hybrid_plan``: :data:`FILE_RELATIVE_KEYS`)
+    is taken relative to the file's folder and recorded as an absolute path (an absolute one is kept as it is; one
+    given by an override, ``--set data.path=...``, is relative to the working directory). Raises ConfigError for a missing file (a folder or a device said as such), invalid TOML, unknown
     keys (listing the valid keys of that table), wrong types or values out of range.
     """
     if path is None:
@@ -809,11 +814,12 @@ def load_scenario(path: str | None = None, overrides: list[str] | None = None) -
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{where}: invalid TOML: {err}") from None
-    if path is not None:  # a relative data.path in a file is relative to the file's folder (a --set one: to the cwd)
-        table = data.get("data")
-        if isinstance(table, dict) and isinstance(table.get("path"), str) and table["path"] \
-                and not os.path.isabs(os.path.expanduser(table["path"])):
-            data = {**data, "data": {**table, "path": os.path.abspath(os.path.join(p.parent, table["path"]))}}
+    if path is not None:  # a relative path in a file is relative to the file's folder (a --set one: to the cwd)
+        for tname, key in FILE_RELATIVE_KEYS:
+            table = data.get(tname)
+            if isinstance(table, dict) and isinstance(table.get(key), str) and table[key] \
+                    and not os.path.isabs(os.path.expanduser(table[key])):
+                data = {**data, tname: {**table, key: os.path.abspath(os.path.join(p.parent, table[key]))}}
     data = apply_overrides(data, overrides or [])
     return _validate(data, where, overrides)
 

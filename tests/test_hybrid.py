@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from sim.algorithms import AlgorithmSpec, sgd_step
 from sim.base.errors import ConfigError
 from sim.engine.drivers import run_lockstep
-from sim.engine.hybrid import (DiscardTable, HybridPlan, choose_hybrid, discarded_fractions, load_plan, plan_segments,
-                               resource_table, save_plan)
+from sim.engine.hybrid import (DiscardTable, HybridPlan, check_plan_algorithm, choose_hybrid, discarded_fractions,
+                               hybrid_algorithms, load_plan, plan_segments, resource_table, save_plan)
 from sim.engine.timeline import CollectiveTimer, TimelinePolicy, ddp_buckets, simulate_timeline
 from sim.machine.compute import ComputeModel
 from sim.machine.network import get_preset
@@ -175,21 +175,21 @@ def test_discarded_fractions_closed_form():
 @given(st.lists(st.tuples(st.integers(1, 10**7), st.one_of(st.none(), st.floats(1e-6, 1.0))), min_size=1,
                 max_size=12),
        st.sampled_from(["ring", "recursive_doubling", "hierarchical"]), st.sampled_from([4, 8]),
-       st.one_of(st.none(), st.floats(0.01, 100.0)))
-def test_plan_file_round_trips(tmp_path_factory, buckets, coll, eb, cap):
+       st.one_of(st.none(), st.floats(0.01, 100.0)), st.sampled_from(hybrid_algorithms()))
+def test_plan_file_round_trips(tmp_path_factory, buckets, coll, eb, cap, algo):
     plan = HybridPlan("net", sum(n for n, _ in buckets), tuple(n for n, _ in buckets), tuple(r for _, r in buckets),
-                      coll, eb, cap, None, made_with=json.dumps({"P": 8}))
+                      coll, eb, cap, None, algo, made_with=json.dumps({"P": 8}))
     path = tmp_path_factory.mktemp("plan") / "p.json"
     save_plan(plan, path)
     back = load_plan(path)
-    assert back == plan and back.ks() == plan.ks() and json.loads(back.made_with) == {"P": 8}
+    assert back == plan and back.ks() == plan.ks() and json.loads(back.made_with) == {"P": 8} and back.algorithm == algo
     assert not list(path.parent.glob("*.partial"))
     with pytest.raises(ConfigError, match="exists"):
         save_plan(plan, path)
 
 
 def _write(tmp_path, **change):
-    plan = HybridPlan("toy", 300, (100, 200), (None, 0.1))
+    plan = HybridPlan("toy", 300, (100, 200), (None, 0.1), algorithm="gtopk")
     raw = plan.to_dict()
     for k, v in change.items():
         if k.startswith("bucket1_"):
@@ -213,6 +213,10 @@ def _write(tmp_path, **change):
     ({"dense_collective": "tree"}, "dense_collective = 'tree' is unknown"),
     ({"extra": 1}, "unknown key 'extra'"),
     ({"model": None}, "missing key 'model'"),
+    ({"algorithm": None}, "missing key 'algorithm'"),
+    ({"algorithm": "dgc"}, "algorithm = 'dgc': valid topk, gtopk"),
+    ({"algorithm": 3}, "algorithm = 3: valid topk, gtopk"),
+    ({"format": "sparsim.hybrid_plan/1"}, "written before plans named their algorithm"),
 ])
 def test_bad_plan_files_are_one_line(tmp_path, change, match):
     with pytest.raises(ConfigError, match=match) as err:
@@ -393,21 +397,150 @@ def test_command_bad_input_is_one_line_exit_2(tmp_path, args, match):
     assert not (tmp_path / "p.json").exists()
 
 
+@pytest.mark.parametrize("key, needle", [
+    ("workload.trace_ranks=2", "used only by sparsim run (its trace.json)"),
+    ("workload.trace_iterations=[1]", "used only by sparsim run (its trace.json)"),
+    ("training.iterations=3", "used only by sparsim run (the run's length)"),
+    ("compression.density=0.05", "used only by --error-bound"),
+    ("workload.dense_policy='none'", "used only by sparsim run with dense among the algorithms"),
+    ("workload.sparse_policy='layer'", "valid here 'bucket'"),
+    ("algorithm.gtopk.collective='recursive_doubling'", "the plan reads the options of its own algorithm, topk"),
+    ("torch.timeout_s=5", "used only by sparsim run on the torch backend"),
+])
+def test_command_refuses_a_set_key_the_plan_does_not_read(tmp_path, key, needle):
+    """A --set key the plan does not read is one line naming the --set, the key and what would read it (exit 2)."""
+    r = _cli("workload", "hybrid-plan", RESNET50, "--set", key, "--min-density", "0.01", "--out", str(tmp_path / "p.json"))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.startswith(f"error: --set {key}: {key.split('=')[0]} is not read by "
+                                                           "the hybrid plan under --min-density") and needle in line
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_unused_plan_keys_follow_the_bound():
+    """compression.density, the step size and the data are read by --error-bound's measuring run only; the keys that
+    time the plan (the cluster, the bucket caps, the batch) are read under every bound."""
+    from experiments.hybrid import unused_plan_key
+    from experiments.scenario import load_scenario
+
+    sc = load_scenario(RESNET50)
+    for key in ("compression.density", "training.lr", "data.path", "workload.sparse_policy"):
+        assert unused_plan_key(key, sc, "min_density") is not None and unused_plan_key(key, sc, "error") is None
+    for key in ("cluster.P", "workload.bucket_cap_mb", "training.batch_size", "compute.select_coeff_s",
+                "workload.hook_blocks_backward", "compression.value_bytes", "algorithm.topk.collective"):
+        for bound in ("density", "min_density", "error"):
+            assert unused_plan_key(key, sc, bound) is None, (key, bound)
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["cluster.P=abc"], "error: --set cluster.P=abc: cluster.P = 'abc' must be an integer"),
+    (["algorithms=['dense','dgc']"], "error: --set algorithms=['dense','dgc']: algorithms = ['dense', 'dgc']: no run can "
+                                     "train a hybrid plan of dgc"),
+])
+def test_command_blames_a_bad_set_value_on_the_set(tmp_path, sets, needle):
+    r = _cli("workload", "hybrid-plan", RESNET50, *[x for v in sets for x in ("--set", v)], "--min-density", "0.01",
+             "--out", str(tmp_path / "p.json"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(needle), r.stderr
+
+
+def test_timing_and_numerics_runs_hold_a_plan_to_one_rule(tmp_path):
+    """The timing run (timeline) and a [model] run (numerics) refuse the same plans in the same words, before anything
+    runs: a Top-k plan run by gTop-k, DGC with any plan (sim.engine.hybrid.check_plan_algorithm). The optimiser refuses
+    to make a plan of DGC, and the timeline API holds its own spec to the plan's algorithm."""
+    from experiments.resolve import timeline_policy
+    from experiments.scenario import load_scenario
+    from sim.workloads.zoo import get_model
+
+    rn = get_model("resnet50")
+    sizes = tuple(b.numel for b in ddp_buckets(rn))
+    plan = tmp_path / "rn.json"
+    save_plan(HybridPlan("resnet50", rn.d, sizes, (0.01,) * len(sizes), algorithm="topk"), plan)
+    msgs = {}
+    for algos, match in ((["dense", "gtopk"], "is for algorithm 'topk': this run's algorithm is 'gtopk'"),
+                         (["dgc"], "algorithm = 'dgc' with a hybrid plan")):
+        got = []
+        for base in ([], ["model.name='lenet5'", "workload.model=''", "data.dataset='fashion-mnist'"]):
+            sc = load_scenario(RESNET50 if not base else None, [*base, "workload.sparse_policy='hybrid'",
+                                                                 f"workload.hybrid_plan='{plan}'", f"algorithms={algos!r}"]
+                               if base else ["workload.sparse_policy='hybrid'", f"workload.hybrid_plan='{plan}'",
+                                             f"algorithms={algos!r}"])
+            with pytest.raises(ConfigError, match=match) as err:
+                timeline_policy(sc)  # the timing run and the [model] run (build -> _net_segments) both start here
+            got.append(str(err.value))
+        assert got[0] == got[1]
+        msgs[algos[-1]] = got[0]
+    r = _cli("run", RESNET50, "--set", "workload.sparse_policy='hybrid'", "--set", f"workload.hybrid_plan='{plan}'",
+             "--set", "algorithms=['dense','gtopk']", "--out", str(tmp_path / "r"))
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {msgs['gtopk']}" and not (tmp_path / "r").exists()
+    p = load_plan(plan)
+    with pytest.raises(ConfigError, match="is for algorithm 'topk'"):
+        from sim.workloads.devices import get_device
+
+        simulate_timeline(AlgorithmSpec("gtopk", k=100), rn, 4, network=get_preset("1GbE"), policy=p.policy(),
+                          device=get_device("P102-100"))
+    with pytest.raises(ConfigError, match="no run can train a hybrid plan"):
+        choose_hybrid(toy(), get_preset("1GbE"), AlgorithmSpec("dgc", k=1), 4, densities=DENS, bound="min_density",
+                      value=0.1, policy=POL)
+
+
+def test_run_summary_prints_the_plans_k(tmp_path):
+    """A hybrid run's summary prints the plan's k_b per bucket and the sent density, not the uniform k = density x d."""
+    plan = tmp_path / "plan.json"
+    r = _cli("workload", "hybrid-plan", RESNET50, "--min-density", "0.01", "--out", str(plan))
+    assert r.returncode == 0, r.stderr
+    p = load_plan(plan)
+    r = _cli("run", RESNET50, "--set", "workload.sparse_policy='hybrid'", "--set", f"workload.hybrid_plan='{plan}'",
+             "--set", "algorithms=['topk']", "--set", "training.iterations=1", "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    shown = ", ".join("dense" if k is None else f"{k:,}" for k in p.ks())
+    assert f"k_b per the hybrid plan for topk (DDP buckets, launch order): {shown}; " in r.stdout
+    assert f"density {p.sent_density():.4g}" in r.stdout and "k = 25557 (c = 1000)" not in r.stdout
+
+
+def test_scenario_file_paths_are_relative_to_the_file(tmp_path):
+    """workload.table and workload.hybrid_plan in a scenario file are relative to the file's folder (as data.path);
+    given with --set they are relative to the working directory."""
+    from experiments.scenario import load_scenario
+    from sim.workloads.zoo import get_model
+
+    (tmp_path / "sub").mkdir()
+    rn = get_model("resnet50")
+    sizes = tuple(b.numel for b in ddp_buckets(rn))
+    save_plan(HybridPlan("resnet50", rn.d, sizes, (0.01,) * len(sizes), algorithm="topk"), tmp_path / "sub" / "p.json")
+    text = Path(RESNET50).read_text().replace('sparse_policy = "model"', 'sparse_policy = "hybrid"\nhybrid_plan = "p.json"')
+    text = text.replace('algorithms = ["dense", "topk", "gtopk"]', 'algorithms = ["dense", "topk"]')
+    (tmp_path / "sub" / "s.toml").write_text(text)
+    sc = load_scenario(str(tmp_path / "sub" / "s.toml"))
+    assert sc.workload.hybrid_plan == str(tmp_path / "sub" / "p.json")
+    r = _cli("run", str(tmp_path / "sub" / "s.toml"), "--set", "training.iterations=1", "--out", str(tmp_path / "r"),
+             "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "sub" / "t.toml").write_text('algorithms = ["dense"]\n[workload]\ntable = "layers.csv"\n')
+    from experiments.listings import export_layer_table
+
+    export_layer_table(rn, str(tmp_path / "sub" / "layers.csv"))
+    sc = load_scenario(str(tmp_path / "sub" / "t.toml"))
+    assert sc.workload.table == str(tmp_path / "sub" / "layers.csv")
+    assert load_scenario(str(tmp_path / "sub" / "t.toml"), ["workload.table='x.csv'"]).workload.table == "x.csv"
+
+
 def test_runs_refuse_a_plan_for_another_model_or_buckets(tmp_path):
     wl = toy()
-    bad = HybridPlan("vgg16", 1000, (1000,), (0.1,))
+    bad = HybridPlan("vgg16", 1000, (1000,), (0.1,), algorithm="topk")
     save_plan(bad, tmp_path / "vgg.json")
     r = _cli("run", RESNET50, "--set", "workload.sparse_policy='hybrid'", "--set",
-             f"workload.hybrid_plan='{tmp_path / 'vgg.json'}'", "--out", str(tmp_path / "r1"))
+             f"workload.hybrid_plan='{tmp_path / 'vgg.json'}'", "--set", "algorithms=['dense','topk']",
+             "--out", str(tmp_path / "r1"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "is for model 'vgg16'" in r.stderr and "this run's model is 'resnet50'" in r.stderr
     from sim.workloads.zoo import get_model
 
     rn = get_model("resnet50")
     sizes = tuple(b.numel for b in ddp_buckets(rn))
-    save_plan(HybridPlan("resnet50", rn.d, sizes, (0.01,) * len(sizes)), tmp_path / "rn.json")
+    save_plan(HybridPlan("resnet50", rn.d, sizes, (0.01,) * len(sizes), algorithm="topk"), tmp_path / "rn.json")
     r = _cli("run", RESNET50, "--set", "workload.sparse_policy='hybrid'", "--set",
              f"workload.hybrid_plan='{tmp_path / 'rn.json'}'", "--set", "workload.bucket_cap_mb=5",
+             "--set", "algorithms=['topk']",
              "--out", str(tmp_path / "r2"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "does not fit this run's DDP buckets" in r.stderr and "valid the bucket caps" in r.stderr
@@ -463,9 +596,9 @@ def _scenario(P, data, plan, algorithms):
 HOOK_CASES = [("topk", "allgather"), ("gtopk", "allgather"), ("gtopk", "p2p")]
 
 
-def hook_rank_job(ctx, P, data, plan):
-    """Per rank: a DDP LeNet-5 with the hybrid plan's hook, trained T steps on the simulator's mini-batches; the flat
-    parameters after each step, per case."""
+def hook_rank_job(ctx, P, data, plans):
+    """Per rank: a DDP LeNet-5 with the hybrid plan's hook (plans: algorithm -> its plan file), trained T steps on the
+    simulator's mini-batches; the flat parameters after each step, the entries sent and the residuals, per case."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -475,7 +608,7 @@ def hook_rank_job(ctx, P, data, plan):
     from sim.workloads.torch_models import flat_params
 
     torch.set_num_threads(1)
-    sc = _scenario(P, data, plan, ["topk", "gtopk"])
+    sc = _scenario(P, data, plans["gtopk"], ["gtopk"])
     built = build(sc)
     X, y = built.objective._X, built.objective._y
     out = {}
@@ -483,7 +616,7 @@ def hook_rank_job(ctx, P, data, plan):
         ddp = DDP(build_net("lenet5", seed=sc.seed, dtype="float64"), bucket_cap_mb=0.05)
         batch = lambda t: torch.from_numpy(built.workers.batch_indices(t)[ctx.rank].copy())  # noqa: E731
         settle_buckets(ddp, lambda m: torch.nn.functional.cross_entropy(m(X[batch(1)]), y[batch(1)]))
-        state = register_sparse_hook(ddp, algo, plan=plan, lr=LR, wire=wire)
+        state = register_sparse_hook(ddp, algo, plan=plans[algo], lr=LR, wire=wire)
         opt = torch.optim.SGD(ddp.parameters(), lr=1.0)
         traj = []
         for t in range(1, T + 1):
@@ -496,27 +629,69 @@ def hook_rank_job(ctx, P, data, plan):
     return out
 
 
-@pytest.fixture(scope="module")
-def lenet_plan(tmp_path_factory):
-    """A Fashion-MNIST subset and a hand-made plan for LeNet-5's three DDP buckets (0.05 MiB caps, float64): bucket 0
-    (the last layers) at 0.1, bucket 1 at 0.01, bucket 2 (the first layers) dense."""
-    _torch()
-    _data()
-    from sim.engine.timeline import ddp_buckets as buckets_of
+def _write_subset(d):
     from sim.workloads.idx import load_image_dataset
-    from sim.workloads.nets import build_net, net_workload
 
     ds = load_image_dataset("fashion-mnist", FMNIST)
-    d = tmp_path_factory.mktemp("fmnist")
     for split, X, y, n in (("train", ds.X_train, ds.y_train, N_TRAIN), ("t10k", ds.X_test, ds.y_test, N_TEST)):
         _write_idx(d / f"{split}-images-idx3-ubyte", X[:n])
         _write_idx(d / f"{split}-labels-idx1-ubyte", y[:n])
+
+
+#: The [model] scenario file the command plans from: LeNet-5 on the Fashion-MNIST subset in ./fmnist (relative to the
+#: file: data.path), float64, 0.05 MiB buckets (three), gTop-k; 10 GbE at P = 2 or 3.
+LENET_TOML = """name = "lenet-hybrid"
+algorithms = ["dense", "gtopk"]
+[cluster]
+P = {P}
+network = "10GbE"
+[data]
+dataset = "fashion-mnist"
+path = "fmnist"
+[model]
+name = "lenet5"
+gradients = "loop"
+eval_samples = 64
+test_samples = 64
+[training]
+iterations = {T}
+batch_size = 4
+lr = {LR}
+eval_every = {T}
+dtype = "float64"
+[compression]
+value_bytes = 8
+[workload]
+bucket_cap_mb = 0.05
+sparse_policy = "bucket"
+"""
+
+
+@pytest.fixture(scope="module")
+def lenet_plan(tmp_path_factory):
+    """A Fashion-MNIST subset and two plans for LeNet-5's three DDP buckets (0.05 MiB caps, float64): for Top-k a
+    hand-made one -- bucket 0 (the last layers) at 0.1, bucket 1 at 0.01, bucket 2 (the first layers) dense -- and for
+    gTop-k the one ``sparsim workload hybrid-plan`` chooses from a scenario file (overall density >= 0.3, candidates
+    0.01 and 0.1: at least one bucket must go dense or to 0.1). Returns (data folder, {algorithm: plan file})."""
+    _torch()
+    _data()
+    from sim.engine.timeline import ddp_buckets as buckets_of
+    from sim.workloads.nets import build_net, net_workload
+
+    d = tmp_path_factory.mktemp("lenet")
+    (d / "fmnist").mkdir()
+    _write_subset(d / "fmnist")
     wl = net_workload(build_net("lenet5"), (1, 28, 28), "lenet5")
     sizes = tuple(b.numel for b in buckets_of(wl, TimelinePolicy(bucket_cap_mb=0.05), 8))
     assert len(sizes) == 3
-    plan = d / "plan.json"
-    save_plan(HybridPlan("lenet5", wl.d, sizes, (0.1, 0.01, None), element_bytes=8, bucket_cap_mb=0.05), plan)
-    return str(d), str(plan)
+    plans = {"topk": str(d / "plan-topk.json"), "gtopk": str(d / "plan-gtopk.json")}
+    save_plan(HybridPlan("lenet5", wl.d, sizes, (0.1, 0.01, None), element_bytes=8, bucket_cap_mb=0.05,
+                         algorithm="topk"), plans["topk"])
+    (d / "lenet.toml").write_text(LENET_TOML.format(P=2, T=T, LR=LR))
+    r = _cli("workload", "hybrid-plan", str(d / "lenet.toml"), "--densities", "0.01,0.1", "--min-density", "0.3",
+             "--out", plans["gtopk"], cwd=tmp_path_factory.mktemp("elsewhere"))
+    assert r.returncode == 0, r.stderr
+    return str(d / "fmnist"), plans
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["P2", "P3"])
@@ -527,20 +702,22 @@ def hook_runs(request, lenet_plan):
     from sim.engine.runner import run_algorithm
 
     P = request.param
-    data, plan = lenet_plan
-    got = launch_local(P, hook_rank_job, (P, data, plan), timeout_s=120.0)
+    data, plans = lenet_plan
+    got = launch_local(P, hook_rank_job, (P, data, plans), timeout_s=120.0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        built = build(_scenario(P, data, plan, ["topk", "gtopk"]))
         sims = {}
-        for spec in built.specs:
-            traj, res = [], []
+        for algo in ("topk", "gtopk"):
+            built = build(_scenario(P, data, plans[algo], [algo]))
+            spec = built.specs[0]
+            traj, res, sel = [], [], []
             run_algorithm(spec, built.workers, T=T, lr=built.lr, x0=built.x0, network=built.network,
                           compute=built.compute, eval_every=T, clock=built.clock,
-                          on_step=lambda t, outs, traj=traj, res=res: (traj.append(outs[0].v.copy()),
-                                                                       res.append([o.residual.copy() for o in outs])))
-            sims[spec.name] = (spec, traj, res)
+                          on_step=lambda t, outs, traj=traj, res=res, sel=sel: (
+                              traj.append(outs[0].v.copy()), res.append([o.residual.copy() for o in outs]),
+                              sel.append([o.n_selected for o in outs])))
+            sims[algo] = (spec, traj, res, sel, built)
     finally:
         torch.set_num_threads(threads)
     return P, got, sims, built
@@ -552,24 +729,56 @@ def test_hook_with_the_plan_equals_the_simulator(hook_runs):
     in another order than the simulator's ring: the first step's compressed coordinates are still equal bit for bit,
     and every step agrees to rounding (||v_DDP - v_sim|| <= 1e-12 ||v_sim - x0||, as tests/test_net_torch.py)."""
     P, got, sims, built = hook_runs
-    spec = sims["gtopk"][0]
-    assert spec.label == "gtopk[hybrid]" and spec.segment_densities == (None, 0.01, 0.1)  # flat order
-    hi = spec.segments[0]  # the dense segment (the first layers) is [0, hi)
+    spec = sims["topk"][0]
+    assert spec.label == "topk[hybrid]" and spec.segment_densities == (None, 0.01, 0.1)  # flat order
     for algo, wire in HOOK_CASES:
-        _, ref, _ = sims[algo]
+        spec, ref, _, _, b = sims[algo]
+        comp = np.concatenate([np.full(n, r is not None) for n, r in zip(spec.segments, spec.segment_densities)])
         for r in range(P):
             traj = got[r][(algo, wire)][0]
             assert len(traj) == T
             for t in range(T):
                 what = f"{algo} {wire} P={P} rank {r} iteration {t + 1}"
-                a, b = traj[t], ref[t]
+                a, c = traj[t], ref[t]
                 if P == 2:
-                    assert np.array_equal(a, b), what
+                    assert np.array_equal(a, c), what
                     continue
-                if t == 0:
-                    assert np.array_equal(a[hi:], b[hi:]), what
-                rel = float(np.linalg.norm(a - b) / np.linalg.norm(b - built.x0))
+                if t == 0:  # the compressed buckets' coordinates
+                    assert np.array_equal(a[comp], c[comp]), what
+                rel = float(np.linalg.norm(a - c) / np.linalg.norm(c - b.x0))
                 assert rel <= 1e-12, (what, rel)
+
+
+def test_one_plan_file_one_choice_of_k_everywhere(hook_runs, lenet_plan):
+    """#22's "Done when": the plan file ``sparsim workload hybrid-plan`` wrote is trained and timed with the same per-bucket
+    k_b by (a) the simulator's timeline, (b) the numerics of a [model] run and (c) the DDP hook -- k_b = min(d_b, max(1,
+    round(rho_b d_b))) for a compressed bucket, every entry for a dense one -- and the hook trains it as the simulator
+    does (test_hook_with_the_plan_equals_the_simulator)."""
+    P, got, sims, _ = hook_runs
+    _, plans = lenet_plan
+    for algo in ("topk", "gtopk"):
+        plan = load_plan(plans[algo])
+        assert plan.algorithm == algo
+        spec, _, _, sel, built = sims[algo]
+        # (a) the timeline: per bucket (launch order) the plan's k_b, None for a dense bucket
+        res = built.clock(spec, 1)
+        assert res.ks == list(plan.ks())
+        # (b) the numerics: the same k_b per segment (flat order is launch order reversed here), and every step
+        # sends their sum (a dense segment all of its entries)
+        order = sorted(range(3), key=lambda i: -i)  # launch order: bucket 0 holds the last layers
+        assert spec.segments == tuple(plan.bucket_sizes[i] for i in order)
+        assert spec.segment_ks(built.d) == tuple(plan.bucket_sizes[i] if plan.ks()[i] is None else plan.ks()[i]
+                                                 for i in order)
+        sent = sum(n if k is None else k for n, k in zip(plan.bucket_sizes, plan.ks()))
+        assert sent == round(plan.sent_density() * plan.d)
+        assert all(s == [sent] * P for s in sel)
+        # (c) the DDP hook: every rank sent the same entries per step
+        for r in range(P):
+            for a, wire in HOOK_CASES:
+                if a == algo:
+                    assert got[r][(a, wire)][1] == T * sent, (algo, wire, r)
+    made = json.loads(load_plan(plans["gtopk"]).made_with)
+    assert made["bound"] == "min_density" and load_plan(plans["gtopk"]).nominal_density() >= 0.3
 
 
 def test_hook_keeps_no_residual_for_dense_buckets(hook_runs):
@@ -577,17 +786,16 @@ def test_hook_keeps_no_residual_for_dense_buckets(hook_runs):
     from sim.workloads.nets import build_net
 
     names = [n for n, _ in build_net("lenet5").named_parameters()]
-    _, _, res = sims["gtopk"]
-    spec = sims["gtopk"][0]
-    dense_n = spec.segments[0]
+    spec, _, res, _, _ = sims["topk"]
+    dense_n = spec.segments[0]  # the hand-made Top-k plan: the first layers' segment is dense
+    assert spec.segment_densities[0] is None
     for r in range(P):
-        for algo, wire in HOOK_CASES:
-            residuals = got[r][(algo, wire)][2]
-            flat = np.concatenate([residuals[n].numpy() for n in names if n in residuals])
-            assert flat.shape[0] == built.d - dense_n  # only the compressed buckets' parameters have residuals
-            assert np.all(res[-1][r][:dense_n] == 0.0)
-            if P == 2 and wire == "allgather":
-                assert np.array_equal(flat, sims[algo][2][-1][r][dense_n:])
+        residuals = got[r][("topk", "allgather")][2]
+        flat = np.concatenate([residuals[n].numpy() for n in names if n in residuals])
+        assert flat.shape[0] == built.d - dense_n  # only the compressed buckets' parameters have residuals
+        assert np.all(res[-1][r][:dense_n] == 0.0)
+        if P == 2:
+            assert np.array_equal(flat, res[-1][r][dense_n:])
 
 
 def test_hook_refuses_a_plan_for_another_model(lenet_plan, tmp_path):
@@ -595,14 +803,31 @@ def test_hook_refuses_a_plan_for_another_model(lenet_plan, tmp_path):
     from sim.distributed.ddp_hooks import SparseState
     from sim.workloads.nets import build_net
 
-    _, plan = lenet_plan
-    state = SparseState(None, "gtopk", plan=plan)
+    _, plans = lenet_plan
+    plan = plans["topk"]
+    state = SparseState(None, "topk", plan=plan)
     assert state.scope == "bucket"
     with pytest.raises(ConfigError, match=r"is for model 'lenet5' of d = .*this model has"):
         state.bind(build_net("mlp-256"))
     with pytest.raises(ConfigError, match="scope = 'parameter' with a hybrid plan"):
-        SparseState(None, "gtopk", scope="parameter", plan=plan)
+        SparseState(None, "topk", scope="parameter", plan=plan)
     with pytest.raises(ConfigError, match="k with a hybrid plan"):
-        SparseState(None, "gtopk", k=3, plan=plan)
+        SparseState(None, "topk", k=3, plan=plan)
     with pytest.raises(ConfigError, match="density = 2.0 is out of range"):
         SparseState(None, "gtopk", plan=_write(tmp_path, bucket1_density=2.0))
+
+
+def test_hook_holds_the_plan_to_its_algorithm_as_the_simulator_does(lenet_plan):
+    """The DDP hook refuses what the simulator refuses, in the same words (sim.engine.hybrid.check_plan_algorithm):
+    a plan made for Top-k run by gTop-k, and DGC (a local momentum) with any plan."""
+    _torch()
+    from sim.distributed.ddp_hooks import SparseState
+
+    plan = load_plan(lenet_plan[1]["topk"])
+    for algo, wire, match in (("gtopk", None, "is for algorithm 'topk': this run's algorithm is 'gtopk'"),
+                              ("dgc", "p2p", "algorithm = 'dgc' with a hybrid plan")):
+        with pytest.raises(ConfigError, match=match) as hook:
+            SparseState(None, algo, plan=plan, wire=wire)
+        with pytest.raises(ConfigError) as sim:
+            check_plan_algorithm(plan, algo)
+        assert str(hook.value) == str(sim.value)

@@ -72,7 +72,8 @@ with each DDP bucket as the plan says, bucket i of the plan being DDP's bucket o
 rho_b (``density`` and ``k`` are not used), a dense bucket is summed by an asynchronous ``all_reduce`` of
 ``lr x grad`` (no selection, no residual: the accumulator of a bucket never compressed is ``lr x grad``), divided by P
 once it completes -- the simulator's ``workload.sparse_policy = "hybrid"`` bit for bit in float64 at P = 2
-(tests/test_hybrid.py). A bucket whose size is not the plan's, or a model of another size, is a one-line ConfigError.
+(tests/test_hybrid.py). A bucket whose size is not the plan's, a model of another size, or an algorithm other than
+the plan's own (:func:`sim.engine.hybrid.check_plan_algorithm`, the simulator's rule) is a one-line ConfigError.
 
 Warm-up: ``start_iter`` iterations of plain allreduce first (the gradient times 1/P, then ``all_reduce``,
 what DDP does without a hook, bit for bit; residuals stay zero), then ``density_schedule`` (e.g.
@@ -422,6 +423,8 @@ class SparseState:
         if algorithm not in HOOK_ALGORITHMS and algorithm not in REGISTRY:
             valid = sorted(set(HOOK_ALGORITHMS) | set(REGISTRY))
             raise ConfigError(f"algorithm = {algorithm!r} is not a sparse hook: valid {', '.join(valid)}")
+        if plan is not None:  # the plan's own algorithm (the rule the simulator's runs hold it to)
+            plan.check_algorithm(algorithm)
         if wire is None:
             wire = "allgather" if algorithm in HOOK_ALGORITHMS else "p2p"
         if wire == "allgather" and algorithm not in HOOK_ALGORITHMS:

@@ -27,7 +27,13 @@ one stream run one after another, each from max(ready, previous end)) and is non
 gain over the best uniform policy under the same bound (dense DDP, and the ``bucket``, ``model`` and ``layer``
 policies at each candidate density).
 
-Plan file (JSON, ``format = "sparsim.hybrid_plan/1"``): ``model`` (the workload's name), ``d``, ``element_bytes``,
+One rule says which runs may load a plan (:func:`check_plan_algorithm`, called by the timeline, the scenario runs'
+:func:`experiments.resolve.timeline_policy` before the numerics are built, the DDP hook and :func:`choose_hybrid`): the
+plan's own algorithm, which must be one that can compress per bucket with dense buckets between
+(:func:`hybrid_algorithms`: sparse, segmented, no local momentum -- not DGC).
+
+Plan file (JSON, ``format = "sparsim.hybrid_plan/2"``): ``model`` (the workload's name), ``algorithm`` (the registered
+sparse algorithm it was chosen for), ``d``, ``element_bytes``,
 ``bucket_cap_mb`` / ``first_bucket_mb`` (None: DDP's defaults), ``dense_collective``, ``buckets`` (a list, launch
 order, of ``{"elements": d_b, "mode": "dense" | "compressed", "density": rho_b or null, "k": k_b or null}``; ``k``
 is derived and checked on load), and ``made_with`` (how it was chosen: P, network, algorithm, bound, the simulated
@@ -52,12 +58,12 @@ from sim.workloads.model import DeviceModel, Workload
 
 from .timeline import CollectiveTimer, TimelinePolicy, ddp_buckets, flat_segments, layer_buckets, simulate_timeline
 
-__all__ = ["PLAN_FORMAT", "HybridPlan", "load_plan", "save_plan", "plan_segments", "DiscardTable", "discarded_fractions",
+__all__ = ["PLAN_FORMAT", "HybridPlan", "hybrid_algorithms", "check_plan_algorithm", "load_plan", "save_plan", "plan_segments", "DiscardTable", "discarded_fractions",
            "UniformResult", "HybridChoice", "choose_hybrid", "plan_iteration_s", "resource_table", "BOUNDS",
            "DENSITY_RTOL", "ERROR_ATOL", "MODES"]
 
-#: ``format`` of a plan file.
-PLAN_FORMAT = "sparsim.hybrid_plan/1"
+#: ``format`` of a plan file (/1, before plans named their algorithm, is refused with a one-line message).
+PLAN_FORMAT = "sparsim.hybrid_plan/2"
 #: Relative slack of the density bound: sum_b rho_b d_b <= rho_max d (1 + DENSITY_RTOL), so a uniform plan at
 #: rho_max (whose float sum may exceed rho_max d by rounding) meets the bound rho_max.
 DENSITY_RTOL = 1e-9
@@ -65,6 +71,34 @@ DENSITY_RTOL = 1e-9
 ERROR_ATOL = 1e-12
 #: A bucket's ``mode`` in the plan file: exchanged densely (the allreduce), or compressed at its density.
 MODES = ("dense", "compressed")
+
+
+def hybrid_algorithms() -> tuple:
+    """The registered algorithms a hybrid plan can run: sparse (a k per bucket), segmented (one exchange per bucket)
+    and without a local momentum (DGC's momentum masking has no meaning for a dense bucket) -- the rule
+    :class:`sim.algorithms.AlgorithmSpec` holds ``segment_densities`` to. Names in registry order."""
+    return tuple(n for n, a in REGISTRY.items() if a.sparse and a.segmented and not a.local_momentum)
+
+
+def check_plan_algorithm(plan: "HybridPlan", algorithm: str) -> None:
+    """The one rule for which algorithm may run ``plan`` (the timeline, the scenario runs before their numerics, the
+    DDP hook and the optimiser all call it). algorithm: a registered name or alias (``gtopk_reference`` is gtopk).
+    Raises ConfigError (one line naming the value and the valid range) for an unknown algorithm, one no plan can run
+    (:func:`hybrid_algorithms`), or one other than the plan's own (``plan.algorithm``; a plan made in code without
+    one takes any algorithm that can run a plan)."""
+    from sim.algorithms import resolve
+
+    name = resolve(algorithm)[0] if isinstance(algorithm, str) else algorithm
+    valid = hybrid_algorithms()
+    where = f"hybrid plan {plan.source}" if plan.source else "hybrid plan"
+    if name not in valid:
+        raise ConfigError(f"algorithm = {algorithm!r} with a {where}: the plan compresses per DDP bucket with dense "
+                          f"buckets between, which needs a sparse per-bucket algorithm without a local momentum: valid "
+                          f"{', '.join(valid)}")
+    if plan.algorithm is not None and name != plan.algorithm:
+        raise ConfigError(f"{where} is for algorithm {plan.algorithm!r}: this run's algorithm is {algorithm!r}: valid "
+                          f"{plan.algorithm} (and dense) among the algorithms, or a plan made for {name} (sparsim "
+                          f"workload hybrid-plan --algorithm {name})")
 
 
 @dataclass(frozen=True)
@@ -75,7 +109,9 @@ class HybridPlan:
     bucket_sizes: d_b per bucket, launch order (ints >= 1 summing to d). densities: per bucket None (dense) or a
     float in (0, 1]. dense_collective: the dense buckets' allreduce (one of dense's collectives; default ring).
     element_bytes: bytes per gradient element the buckets were formed with (DDP's caps count bytes: 4 float32,
-    8 float64). bucket_cap_mb, first_bucket_mb: the DDP caps (MiB; None: DDP's defaults). made_with: JSON text of how
+    8 float64). bucket_cap_mb, first_bucket_mb: the DDP caps (MiB; None: DDP's defaults). algorithm: the registered
+    sparse algorithm the plan was chosen for (one of :func:`hybrid_algorithms`; every run of the plan must be it,
+    :func:`check_plan_algorithm`); None only for a plan made in code (it cannot be saved). made_with: JSON text of how
     the plan was chosen (informational; not compared). source: the file it was read from (for messages; not compared).
     Raises ConfigError (one line naming the value and the valid range) for anything out of range.
     """
@@ -88,6 +124,7 @@ class HybridPlan:
     element_bytes: int = 4
     bucket_cap_mb: float | None = None
     first_bucket_mb: float | None = None
+    algorithm: str | None = None
     made_with: str = field(default="", compare=False, repr=False)
     source: str = field(default="", compare=False, repr=False)
 
@@ -123,6 +160,9 @@ class HybridPlan:
         for f in ("bucket_cap_mb", "first_bucket_mb"):
             if getattr(self, f) is not None:
                 check_real(f, getattr(self, f), 0, 1e6, lo_open=True, err=ConfigError)
+        if self.algorithm is not None and self.algorithm not in hybrid_algorithms():
+            raise ConfigError(f"{where}algorithm = {self.algorithm!r}: valid {', '.join(hybrid_algorithms())} (a "
+                              "registered sparse algorithm that can compress per bucket)")
         object.__setattr__(self, "bucket_sizes", tuple(int(n) for n in sizes))
         object.__setattr__(self, "densities", tuple(out))
         object.__setattr__(self, "d", int(self.d))
@@ -147,6 +187,10 @@ class HybridPlan:
         base = base or TimelinePolicy()
         return dataclasses.replace(base, sparse="hybrid", plan=self, bucket_cap_mb=self.bucket_cap_mb,
                                    first_bucket_mb=self.first_bucket_mb)
+
+    def check_algorithm(self, algorithm: str) -> None:
+        """:func:`check_plan_algorithm` of this plan (ConfigError, one line)."""
+        check_plan_algorithm(self, algorithm)
 
     def describe(self) -> str:
         """One line: model, buckets, how many dense, the densities, the nominal and sent densities."""
@@ -184,7 +228,8 @@ class HybridPlan:
     # -- file ----------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         """The plan file's content (module docstring), JSON types only."""
-        return {"format": PLAN_FORMAT, "model": self.model, "d": self.d, "element_bytes": self.element_bytes,
+        return {"format": PLAN_FORMAT, "model": self.model, "algorithm": self.algorithm, "d": self.d,
+                "element_bytes": self.element_bytes,
                 "bucket_cap_mb": self.bucket_cap_mb, "first_bucket_mb": self.first_bucket_mb,
                 "dense_collective": self.dense_collective,
                 "buckets": [{"elements": n, "mode": MODES[0] if r is None else MODES[1], "density": r, "k": k}
@@ -203,8 +248,12 @@ def _as_tuple(x, name: str, where: str) -> tuple:
 
 def save_plan(plan: HybridPlan, path, force: bool = False) -> Path:
     """Write ``plan`` as JSON to ``path`` (``path.partial`` first, then renamed: no half-written file). Raises
-    ConfigError if the file exists and not ``force``, or its directory does not exist. Returns the path."""
+    ConfigError if the file exists and not ``force``, its directory does not exist, or the plan names no algorithm.
+    Returns the path."""
     path = Path(path)
+    if plan.algorithm is None:
+        raise ConfigError("a hybrid plan file names its algorithm: valid HybridPlan(..., algorithm=NAME) with NAME one "
+                          f"of {', '.join(hybrid_algorithms())}")
     if path.exists() and not force:
         raise ConfigError(f"plan file {str(path)!r} exists: choose another name or pass --force")
     if not path.parent.is_dir():
@@ -232,8 +281,10 @@ def load_plan(path) -> HybridPlan:
                           "hybrid-plan") from None
     if not isinstance(raw, dict) or raw.get("format") != PLAN_FORMAT:
         got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
-        raise ConfigError(f"hybrid plan {str(p)!r} has format = {got!r}: valid {PLAN_FORMAT!r}")
-    keys = {"format", "model", "d", "element_bytes", "bucket_cap_mb", "first_bucket_mb", "dense_collective", "buckets",
+        old = " (written before plans named their algorithm: make it again with sparsim workload hybrid-plan)" \
+            if got == "sparsim.hybrid_plan/1" else ""
+        raise ConfigError(f"hybrid plan {str(p)!r} has format = {got!r}{old}: valid {PLAN_FORMAT!r}")
+    keys = {"format", "model", "algorithm", "d", "element_bytes", "bucket_cap_mb", "first_bucket_mb", "dense_collective", "buckets",
             "made_with"}
     unknown = sorted(set(raw) - keys)
     missing = sorted(keys - {"made_with"} - set(raw))
@@ -260,8 +311,11 @@ def load_plan(path) -> HybridPlan:
         sizes.append(b["elements"])
         dens.append(b.get("density"))
     made = raw.get("made_with", {})
+    if not isinstance(raw["algorithm"], str):
+        raise ConfigError(f"hybrid plan {str(p)!r}: algorithm = {raw['algorithm']!r}: valid "
+                          f"{', '.join(hybrid_algorithms())}")
     plan = HybridPlan(raw["model"], raw["d"], tuple(sizes), tuple(dens), raw["dense_collective"],
-                      raw["element_bytes"], raw["bucket_cap_mb"], raw["first_bucket_mb"],
+                      raw["element_bytes"], raw["bucket_cap_mb"], raw["first_bucket_mb"], raw["algorithm"],
                       json.dumps(made, sort_keys=True) if made else "", str(p))
     for j, (b, k) in enumerate(zip(buckets, plan.ks())):
         if b.get("k") is not None and b["k"] != k:
@@ -271,11 +325,15 @@ def load_plan(path) -> HybridPlan:
 
 
 def plan_segments(plan: HybridPlan, workload: Workload, policy: TimelinePolicy | None = None,
-                  element_bytes: int | None = None) -> tuple[tuple, tuple]:
+                  element_bytes: int | None = None, algorithm: str | None = None) -> tuple[tuple, tuple]:
     """The numerics' view of ``plan`` on ``workload``: (segment sizes, segment densities) in flat-vector order
     (``AlgorithmSpec.segments`` / ``segment_densities``), from the DDP buckets of ``policy``'s caps (default the
-    plan's) at ``element_bytes`` (default the plan's). Raises ConfigError for another model, buckets that differ
-    from the plan's, or buckets not consecutive in the flat vector (:func:`sim.engine.timeline.flat_segments`)."""
+    plan's) at ``element_bytes`` (default the plan's). algorithm: when given, held to :func:`check_plan_algorithm`
+    (the scenario runs check their algorithms when they load the plan). Raises ConfigError for another model or
+    algorithm, buckets that differ from the plan's, or buckets not consecutive in the flat vector
+    (:func:`sim.engine.timeline.flat_segments`)."""
+    if algorithm is not None:
+        check_plan_algorithm(plan, algorithm)
     pol = policy or plan.policy()
     buckets = ddp_buckets(workload, pol, plan.element_bytes if element_bytes is None else element_bytes)
     plan.check_buckets(workload, buckets)
@@ -454,8 +512,9 @@ def choose_hybrid(workload: Workload, network, spec: AlgorithmSpec, P: int, *, d
     round(rho d))), their error under the error bound from ``errors`` (``errors.bucket`` summed over the buckets,
     ``errors.model``, ``errors.layer``; a nan entry leaves that policy out).
 
-    Returns a :class:`HybridChoice` whose ``iter_s`` is :func:`simulate_timeline`'s for the plan. Raises ConfigError
-    for a dense or segmented spec, densities or a bound out of range, a table that does not fit, or a bound no plan
+    Returns a :class:`HybridChoice` whose ``iter_s`` is :func:`simulate_timeline`'s for the plan and whose plan names
+    ``spec.name`` as its algorithm. Raises ConfigError for a dense or segmented spec, an algorithm no run can train a
+    plan of (:func:`hybrid_algorithms`: DGC), densities or a bound out of range, a table that does not fit, or a bound no plan
     meets.
     """
     if not spec.algorithm.sparse:
@@ -464,6 +523,10 @@ def choose_hybrid(workload: Workload, network, spec: AlgorithmSpec, P: int, *, d
     if spec.segments is not None or spec.segment_densities is not None:
         raise ConfigError("the hybrid optimiser takes a whole-model spec: valid segments = None (the plan gives the "
                           "buckets)")
+    if spec.name not in hybrid_algorithms():  # the rule every loader of the plan holds it to
+        raise ConfigError(f"algorithm = {spec.name!r}: no run can train a hybrid plan of it (dense buckets between "
+                          "compressed ones need a sparse per-bucket algorithm without a local momentum): valid "
+                          f"{', '.join(hybrid_algorithms())}")
     dens = tuple(float(r) for r in _as_tuple(densities, "densities", ""))
     if not dens:
         raise ConfigError("densities = (): valid one or more candidate densities in (0, 1]")
@@ -538,7 +601,7 @@ def choose_hybrid(workload: Workload, network, spec: AlgorithmSpec, P: int, *, d
     choice.reverse()
     plan = HybridPlan(workload.name, d, tuple(b.numel for b in buckets),
                       tuple(None if c == 0 else dens[c - 1] for c in choice), dense_collective, spec.value_bytes,
-                      policy.bucket_cap_mb, policy.first_bucket_mb)
+                      policy.bucket_cap_mb, policy.first_bucket_mb, spec.name)
     kw = dict(network=network, device=device, batch_size=batch_size, compute=compute, engine=engine, timer=timer)
     it_s = plan_iteration_s(plan, workload, spec, P, policy=policy, **kw)
     resource = plan.nominal_density() if bound != "error" else \

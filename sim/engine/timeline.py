@@ -328,7 +328,8 @@ def _comm_ops(spec: AlgorithmSpec, workload: Workload, policy: TimelinePolicy) -
         return whole_model_bucket(workload), "none"
     if policy.sparse in ("bucket", "hybrid"):
         buckets = ddp_buckets(workload, policy, spec.value_bytes)
-        if policy.sparse == "hybrid":
+        if policy.sparse == "hybrid":  # the plan's own algorithm and model (sim.engine.hybrid.check_plan_algorithm)
+            policy.plan.check_algorithm(spec.name)
             policy.plan.check_buckets(workload, buckets)
         return buckets, policy.sparse
     if policy.sparse == "layer":
