@@ -792,8 +792,9 @@ def load_scenario(path: str | None = None, overrides: list[str] | None = None) -
 
     A relative path in the file (``data.path``, ``workload.table``, ``workload.hybrid_plan``: :data:`FILE_RELATIVE_KEYS`)
     is taken relative to the file's folder and recorded as an absolute path (an absolute one is kept as it is; one
-    given by an override, ``--set data.path=...``, is relative to the working directory). Raises ConfigError for a missing file (a folder or a device said as such), invalid TOML, unknown
-    keys (listing the valid keys of that table), wrong types or values out of range.
+    given by an override, ``--set data.path=...``, is relative to the working directory). Raises ConfigError for a
+    missing file (a folder or a device said as such), invalid TOML, unknown keys (listing the valid keys of that
+    table), wrong types or values out of range.
     """
     if path is None:
         text, where = DEFAULT_SCENARIO_TEXT, "default scenario"
