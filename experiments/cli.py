@@ -340,15 +340,20 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
                                                  "algorithm with every collective the network runs]")
 @click.option("--policies", default=None, help="comma-separated selection policies: model, bucket, layer, hybrid "
                                                "[default: all]")
-@click.option("--device", default=None, help="device model (workload.device): P102-100, V100, A100, H100")
+@click.option("--device", default=None, help="device model (workload.device): P102-100, V100, A100, H100 [default: the "
+                                             "scenario's, else the cluster preset's GPU (gtopk-icdcs P102-100, "
+                                             "v100-25GbE V100, dgx-h100 H100), else P102-100]")
 @click.option("--batch-size", type=int, default=None, help="samples per rank (training.batch_size)")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a scenario key (repeatable)")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a scenario key (repeatable); a key that an option here also sets (--device and "
+                   "workload.device, --P and cluster.P, ...) is an error")
 @click.option("--iterations", type=int, default=1, show_default=True,
               help="iterations simulated per configuration (more only matter with jitter or stragglers)")
 @click.option("--evidence", type=click.Path(), default=None,
               help="convergence evidence: a sparsim run directory, a folder of them (sparsim experiment tta --out DIR) "
                    "or a CSV (algorithm, seed, iteration, METRIC, ...); ranks by predicted time to --target")
-@click.option("--target", type=float, default=None, help="the value of --metric to reach (with --evidence)")
+@click.option("--target", type=float, default=None, help="the value of --metric to reach (with --evidence): "
+                                                         "0 < target <= 1 for an accuracy, > 0 for a loss")
 @click.option("--metric", default="test_accuracy", show_default=True,
               help="the evidence's metric (a name ending in 'loss' is lower-is-better)")
 @click.option("--top", type=int, default=10, show_default=True, help="rows printed per P (0: all; plan.csv has all)")
@@ -356,7 +361,8 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
                                               "(MLSys 2022) and Espresso (EuroSys 2023), written to --out")
 @click.option("--out", "out", default=None, help="output directory [default: runs/plan, or runs/plan-anchors]")
 @click.option("--force", is_flag=True, help="overwrite a non-empty output directory")
-@click.option("--quiet", is_flag=True, help="no progress bar")
+@click.option("--quiet", is_flag=True, help="no progress bar (the line with the number of configurations x P, on "
+                                            "stderr, stays)")
 @_user_errors
 def plan_cmd(scenario, model, network, P, densities, algorithms, policies, device, batch_size, overrides, iterations,
              evidence, target, metric, top, anchors, out, force, quiet):
@@ -368,6 +374,8 @@ def plan_cmd(scenario, model, network, P, densities, algorithms, policies, devic
     from . import plan as pl
 
     src = click.get_current_context().get_parameter_source
+    if out is not None and not out.strip():
+        raise SparsimError(f"--out {out!r} is empty: valid a directory path (default runs/plan, or runs/plan-anchors)")
     if anchors:
         given = [o for o, v in (("--scenario", scenario), ("--model", model), ("--network", network), ("--P", P),
                                 ("--densities", densities), ("--algorithms", algorithms), ("--policies", policies),
@@ -388,12 +396,14 @@ def plan_cmd(scenario, model, network, P, densities, algorithms, policies, devic
         raise SparsimError(f"--target {target:g} needs --evidence: valid with the convergence evidence to read")
     if evidence is None and src("metric") == click.core.ParameterSource.COMMANDLINE:
         raise SparsimError(f"--metric {metric} is the evidence's metric: valid with --evidence")
+    if target is not None:
+        pl.check_target(target, metric)
     ev = pl.load_evidence(evidence, metric) if evidence is not None else None
     inp = pl.resolve_plan(scenario, list(overrides), model=model, network=network, P=P, densities=densities,
                           algorithms=algorithms, policies=policies, device=device, batch_size=batch_size,
                           iterations=iterations, evidence=ev)
     path, _rows, lines = pl.run_plan(inp, out or "runs/plan", force=force, target=target, top=top or None,
-                                     progress=not quiet)
+                                     progress=not quiet, announce=lambda line: click.echo(line, err=True))
     for line in lines:
         click.echo(line)
     click.echo(f"wrote {path}/ (plan.csv, plan.md, pareto.png, pareto.pdf, summary.json)")

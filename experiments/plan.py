@@ -76,7 +76,8 @@ from .scenario import DataCfg, Scenario, _validate, apply_overrides
 
 __all__ = ["PLAN_POLICIES", "DEFAULT_DENSITIES", "DEFAULT_P", "COLUMNS", "EVIDENCE_COLUMNS", "Config", "PlanInputs",
            "resolve_plan", "simulate_plan", "rank_rows", "why", "break_even", "exposed_selection_s", "Evidence",
-           "EvidenceRun", "load_evidence", "iterations_to_target", "predict", "table_lines", "pareto_front",
+           "EvidenceRun", "load_evidence", "iterations_to_target", "predict", "check_target", "check_reached",
+           "planned_runs", "OPTION_KEYS", "PRESET_DEVICES", "table_lines", "pareto_front",
            "pareto_figure", "run_plan", "NO_EVIDENCE_POLICIES", "BASELINE", "baseline_collectives", "agarwal_rows", "espresso_rows", "anchor_lines", "run_anchors",
            "ANCHOR_COLUMNS"]
 
@@ -114,6 +115,17 @@ def _hybrid(base: TimelinePolicy, *, spec: AlgorithmSpec, P: int, inputs: "PlanI
 #: of ``sparsim plan`` reads this dict.
 PLAN_POLICIES = {"model": _uniform("model"), "bucket": _uniform("bucket"), "layer": _uniform("layer"),
                  "hybrid": _hybrid}
+def _policy_applies(policy: str, algorithm: str) -> bool:
+    """Whether a plan builds configurations of ``algorithm`` under ``policy`` (a key of :data:`PLAN_POLICIES`): every
+    algorithm with k runs the uniform policies; ``hybrid`` only those a hybrid plan can run
+    (:func:`sim.engine.hybrid.hybrid_algorithms`, the one rule every loader of a plan holds: not DGC)."""
+    from sim.engine.hybrid import hybrid_algorithms
+
+    if not REGISTRY[algorithm].sparse:
+        return False
+    return policy != "hybrid" or algorithm in hybrid_algorithms()
+
+
 #: Policies whose configurations take no convergence evidence: the hybrid plan is chosen per row (its per-bucket
 #: densities differ from one row to the next), so a run of one hybrid plan says nothing about another.
 NO_EVIDENCE_POLICIES = ("hybrid",)
@@ -164,7 +176,9 @@ class PlanInputs:
     and algorithm options; cluster.P is replaced by each of ``Ps``), the ``workload`` and ``device`` (None for a
     measured table), the configurations in order, the worker counts, the compute model and its costs
     (:func:`experiments.resolve.compute_costs`), the scenario's timeline policy, ``iterations`` simulated per
-    configuration, the model's name and (a [model] network's) data set, and ``evidence`` (or None)."""
+    configuration, the model's name and (a [model] network's) data set, ``evidence`` (or None) and ``device_from``
+    (where the device came from: --device, --set, the scenario, the cluster preset (:data:`PRESET_DEVICES`) or the
+    default; printed in the header)."""
 
     sc: Scenario
     workload: object
@@ -181,6 +195,7 @@ class PlanInputs:
     dataset: str | None
     network: str
     evidence: "Evidence | None" = None
+    device_from: str = ""
     _specs: dict = field(default_factory=dict, repr=False)
 
     def network_of(self, P: int):
@@ -215,9 +230,18 @@ def _k(density: float, d: int) -> int:
 # ------------------------------------------------------------------ options
 
 
+def _no_empty_item(opt: str, text, items: list[str], valid: str) -> None:
+    """ConfigError for an empty item of a comma-separated option (``64,,256``, ``64,``): valid ``valid``."""
+    empty = [isinstance(x, str) and not x.strip() for x in items]
+    if any(empty) and not all(empty):  # all empty: the option "names none"
+        raise ConfigError(f"{opt} {text!r} has an empty item: valid {valid}, without empty items")
+
+
 def _ints(opt: str, text: str, lo: int, hi: int) -> tuple[int, ...]:
+    items = [x.strip() for x in str(text).split(",")]
+    _no_empty_item(opt, text, items, f"comma-separated integers {lo} <= P <= {hi}")
     try:
-        vals = [int(x) for x in str(text).split(",") if x.strip()]
+        vals = [int(x) for x in items if x]
     except ValueError:
         raise ConfigError(f"{opt} {text!r}: expected comma-separated integers {lo} <= P <= {hi}") from None
     if not vals:
@@ -232,6 +256,7 @@ def _ints(opt: str, text: str, lo: int, hi: int) -> tuple[int, ...]:
 
 def _densities(text) -> tuple[float, ...]:
     items = [x.strip() for x in text.split(",")] if isinstance(text, str) else list(text)
+    _no_empty_item("--densities", text, items, "comma-separated k/d in (0, 1]")
     out: list[float] = []
     for x in items:
         if x == "":
@@ -252,6 +277,7 @@ def _densities(text) -> tuple[float, ...]:
 
 def _policies(text) -> tuple[str, ...]:
     items = [x.strip() for x in text.split(",")] if isinstance(text, str) else list(text)
+    _no_empty_item("--policies", text, items, f"a comma-separated subset of {', '.join(PLAN_POLICIES)}")
     out = []
     for x in items:
         if not x:
@@ -276,8 +302,11 @@ def _algorithms(text, hierarchical: bool) -> list[tuple[str, str]]:
     """(algorithm, collective) pairs of --algorithms: NAME (each of its collectives the network can run) or
     NAME:COLLECTIVE, in the given order; None: every registered algorithm."""
     ok = _timeable(hierarchical)
-    items = list(REGISTRY) if text is None else [x.strip() for x in
-                                                 (text.split(",") if isinstance(text, str) else text) if x.strip()]
+    if text is not None:
+        raw = [str(x).strip() for x in (text.split(",") if isinstance(text, str) else text)]
+        _no_empty_item("--algorithms", text, raw, f"a comma-separated subset of {', '.join(REGISTRY)} (NAME or "
+                       "NAME:COLLECTIVE)")
+    items = list(REGISTRY) if text is None else [x for x in raw if x]
     if not items:
         raise ConfigError(f"--algorithms {text!r} names none: valid a comma-separated subset of {', '.join(REGISTRY)} "
                           "(NAME or NAME:COLLECTIVE)")
@@ -335,6 +364,32 @@ def _read_scenario_dict(path: str) -> dict:
         raise ConfigError(f"{p}: invalid TOML: {err}") from None
 
 
+#: The scenario keys each option of ``sparsim plan`` sets: the same setting given both by the option and by
+#: ``--set KEY=VALUE`` is an error naming both (:func:`_check_set_conflicts`); a scenario file's keys are replaced by
+#: the options (documented precedence).
+OPTION_KEYS = {"--model": ("workload.model", "workload.table", "model.name"), "--network": ("cluster.network",),
+               "--device": ("workload.device",), "--batch-size": ("training.batch_size",), "--P": ("cluster.P",),
+               "--densities": ("compression.density", "compression.k"), "--algorithms": ("algorithms",),
+               "--policies": ("workload.sparse_policy",)}
+#: The device of each cluster preset (:data:`sim.machine.topology.CLUSTER_PRESETS` names none): the plan prices
+#: compute on it when neither --device, --set workload.device nor the scenario names a device. gtopk-icdcs: the
+#: gTop-k papers' P102-100s (Shi et al., ICDCS 2019); v100-25GbE: 8 V100s per node; dgx-h100: NVIDIA DGX H100 (8 H100).
+PRESET_DEVICES = {"gtopk-icdcs": "P102-100", "v100-25GbE": "V100", "dgx-h100": "H100"}
+
+
+def _check_set_conflicts(overrides, given: dict) -> None:
+    """ConfigError when an option of ``given`` (option name -> its value, None when not given) and a ``--set``
+    override of ``overrides`` set the same scenario key (:data:`OPTION_KEYS`): one line naming both."""
+    for item in overrides:
+        key = str(item).split("=", 1)[0].strip()
+        for opt, keys in OPTION_KEYS.items():
+            if key in keys and given.get(opt) is not None:
+                v = given[opt]
+                shown = v if isinstance(v, str) else ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v
+                raise ConfigError(f"{opt} {shown} and --set {item} both set {key}: valid one of the two (the option, "
+                                  "or --set without it)")
+
+
 def resolve_plan(scenario: str | None = None, overrides=(), *, model: str | None = None, network: str | None = None,
                  P=None, densities=None, algorithms=None, policies=None, device: str | None = None,
                  batch_size: int | None = None, iterations: int = 1, evidence: "Evidence | None" = None) -> PlanInputs:
@@ -345,7 +400,10 @@ def resolve_plan(scenario: str | None = None, overrides=(), *, model: str | None
     overrides: its ``--set KEY=VALUE`` strings. The options replace scenario keys: ``model`` (a zoo model, a network
     of the image zoo, or a layer-table file: workload.model / model.name / workload.table; a network is trained on
     data.dataset, fashion-mnist unless set), ``network`` (cluster.network: a flat preset, a cluster preset, custom or
-    hierarchical with the cluster.* keys), ``device`` (workload.device), ``batch_size`` (training.batch_size).
+    hierarchical with the cluster.* keys), ``device`` (workload.device; when neither it, ``--set workload.device``
+    nor the scenario names a device, a cluster preset's own (:data:`PRESET_DEVICES`), else the schema's default
+    P102-100), ``batch_size`` (training.batch_size). An option and a ``--set`` of a key it sets
+    (:data:`OPTION_KEYS`) are an error, not a precedence.
     The sweep axes: ``P`` (comma-separated or a sequence; default the scenario's cluster.P when the file sets it,
     else the evidence's, else :data:`DEFAULT_P`), ``densities`` (k/d in (0, 1]; default the scenario's
     compression.density / k when set, else the evidence's, else :data:`DEFAULT_DENSITIES`), ``algorithms`` (NAME or
@@ -357,11 +415,17 @@ def resolve_plan(scenario: str | None = None, overrides=(), *, model: str | None
 
     Raises ConfigError (one line naming the value and the valid range): no model; an unknown model, network,
     device, algorithm, collective or policy; a density outside (0, 1]; P outside 1..65536 or not a multiple of the
-    node size; a scenario key the plan's model does not use; evidence of another model, data set or batch size.
+    node size; an empty item in a list (``64,,256``); an option and a --set of the same key; --densities or
+    --policies when no chosen algorithm has k, or a policy no chosen algorithm runs (hybrid for DGC alone); a
+    scenario key the plan's model does not use; evidence of another model, data set or batch size, or evidence
+    without a P or batch size when the plan has several P (:meth:`Evidence.check_against`).
     """
     from sim.base.errors import check_int
 
     check_int("--iterations", iterations, 1, 1000, err=ConfigError)
+    _check_set_conflicts(overrides, {"--model": model, "--network": network, "--device": device,
+                                     "--batch-size": batch_size, "--P": P, "--densities": densities,
+                                     "--algorithms": algorithms, "--policies": policies})
     raw = _read_scenario_dict(scenario) if scenario is not None else {}
     where = str(scenario) if scenario is not None else "sparsim plan options"
     ov: list[str] = []
@@ -401,6 +465,13 @@ def resolve_plan(scenario: str | None = None, overrides=(), *, model: str | None
     pairs = _algorithms(algorithms if algorithms is not None else
                         (first.algorithms if "algorithms" in first.model_fields_set else None), hier)
     names = list(dict.fromkeys(a for a, _ in pairs))
+    with_k = [a for a in names if REGISTRY[a].sparse]
+    for opt, v in (("--densities", densities), ("--policies", policies)):
+        if v is not None and not with_k:
+            shown = v if isinstance(v, str) else ",".join(map(str, v))
+            raise ConfigError(f"{opt} {shown}: none of the plan's algorithms ({', '.join(names)}) selects k entries, so "
+                              f"no configuration uses it: valid without {opt}, or with an algorithm with k "
+                              f"({', '.join(a for a in REGISTRY if REGISTRY[a].sparse)})")
     data = apply_overrides(data, [f"algorithms={json.dumps(names)}"])
     sc = _validate(data, where, list(overrides))
     if P is not None:
@@ -432,13 +503,34 @@ def resolve_plan(scenario: str | None = None, overrides=(), *, model: str | None
     else:
         pols = tuple(PLAN_POLICIES)
     # the model, the device and the compute model, as a run of this scenario resolves them
+    set_keys = {str(o).split("=", 1)[0].strip() for o in overrides}
+    preset_dev = False
+    if device is not None:
+        device_from = "--device"
+    elif "workload.device" in set_keys:
+        device_from = "--set workload.device"
+    elif "device" in (raw.get("workload") or {}):
+        device_from = f"{scenario}'s workload.device"
+    elif sc.cluster.network in PRESET_DEVICES:  # the cluster preset's own GPU, not the scenario default's
+        data = apply_overrides(data, [f"workload.device={json.dumps(PRESET_DEVICES[sc.cluster.network])}"])
+        preset_dev = True
+        device_from = f"the {sc.cluster.network} preset's device; --device to change"
+    else:
+        device_from = f"the default workload.device: {sc.cluster.network} names no device; --device to change"
     if sc.model.name:
+        if preset_dev:
+            sc = _validate(data, where, list(overrides))
         wl = _net_workload(sc.model.name)
         dev = resolve_device(sc)
         model_name, dataset = sc.model.name, sc.data.dataset
     else:
-        wl, dev = resolve_workload(sc)
+        wl, dev = resolve_workload(sc)  # a measured table (dev None) takes no device, the preset's neither
+        if dev is not None and preset_dev:
+            sc = _validate(data, where, list(overrides))
+            dev = resolve_device(sc)
         model_name, dataset = wl.name, None
+        if dev is None:
+            device_from = "a measured table: no device"
     if dens is None:
         k = sc.k_for(wl.d)
         if not 1 <= k <= wl.d:
@@ -448,14 +540,20 @@ def resolve_plan(scenario: str | None = None, overrides=(), *, model: str | None
     costs = compute_costs(sc, dev)
     for p in Ps:  # node size against every P, before any simulation
         build_network(sc.cluster.model_copy(update={"P": p}), timing_only=True)
+    for pol in pols if with_k else ():  # a policy no chosen algorithm runs is an option the plan does not use
+        if not any(_policy_applies(pol, a) for a in with_k):
+            src = "--policies" if policies is not None else "workload.sparse_policy"
+            raise ConfigError(f"{src} {pol}: none of the plan's algorithms with k ({', '.join(with_k)}) runs policy "
+                              f"{pol}: valid {pol} with one of {', '.join(a for a in REGISTRY if _policy_applies(pol, a))}"
+                              f", or {src} {', '.join(p for p in PLAN_POLICIES if p != pol)}")
     configs = []
     for name, coll in pairs:
         if REGISTRY[name].sparse:
-            configs += [Config(name, coll, d, pol) for d in dens for pol in pols]
+            configs += [Config(name, coll, d, pol) for d in dens for pol in pols if _policy_applies(pol, name)]
         else:
             configs.append(Config(name, coll, None, sc.workload.dense_policy))
     inp = PlanInputs(sc, wl, dev, configs, Ps, dens, pols, cm, costs, timeline_policy(sc), iterations, model_name,
-                     dataset, sc.cluster.network, evidence)
+                     dataset, sc.cluster.network, evidence, device_from)
     if evidence is not None:
         evidence.check_against(inp)
     return inp
@@ -672,7 +770,10 @@ class Evidence:
 
     def check_against(self, inp: PlanInputs) -> None:
         """ConfigError unless the evidence fits the plan: one model and one data set, the plan's (where stated);
-        one per-worker batch size, the plan's (where stated); a P of the plan among the evidence's; some of its
+        one per-worker batch size, the plan's (where stated); every run of a planned algorithm with its P and batch
+        size stated unless the plan has one P (a CSV without the columns P and batch_size is read at that P:
+        iterations to a target measured at one global batch are not reused at another); a P of the plan among the
+        evidence's; some of its
         algorithms among the plan's, and every configuration of those one of the plan's (algorithm, collective,
         density, policy). Evidence of an algorithm the plan leaves out (--algorithms) is not read."""
         models = {r.model for r in self.runs if r.model is not None}
@@ -697,6 +798,14 @@ class Evidence:
             raise ConfigError(f"--evidence {self.path}: the evidence was trained at {next(iter(self.batch_sizes))} "
                               f"samples per worker, the plan times {b}: valid --batch-size "
                               f"{next(iter(self.batch_sizes))} (iterations to a target depend on the batch)")
+        if len(inp.Ps) > 1:  # evidence without its P (or batch) would be reused at every P of the plan
+            for r in self.runs:
+                missing = [c for c, v in (("P", r.P), ("batch_size", r.batch_size)) if v is None]
+                if missing and r.algorithm in {c.algorithm for c in inp.configs}:
+                    raise ConfigError(f"--evidence {self.path}: {r.label} seed {r.seed} has no {' or '.join(missing)} "
+                                      f"(column {', '.join(missing)} missing or empty), and the plan has P = "
+                                      f"{', '.join(map(str, inp.Ps))}: iterations to a target hold at one global batch "
+                                      f"P x b: valid a CSV with columns P and batch_size, or one --P (the evidence's)")
         if self.Ps and not self.Ps & set(inp.Ps):
             raise ConfigError(f"--evidence {self.path}: recorded at P = {', '.join(map(str, sorted(self.Ps)))}, the "
                               f"plan's P are {', '.join(map(str, inp.Ps))}: valid --P including "
@@ -804,10 +913,18 @@ def _read_csv(path: Path, metric: str) -> list[EvidenceRun]:
     """The evidence of a CSV (one row per configuration, seed and evaluated iteration; docs/advisor.md)."""
     try:
         with open(path, newline="") as fh:
-            rows = list(csv.DictReader(fh))
-            cols = rows[0].keys() if rows else []
+            rd = csv.DictReader(fh)
+            rows = list(rd)
+            cols = list(rd.fieldnames or [])
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise ConfigError(f"--evidence {path}: cannot be read as CSV: {err}") from None
+    want = f"{', '.join(CSV_REQUIRED)}, {metric} (--metric)"
+    if not cols:
+        raise ConfigError(f"--evidence {path} is empty (no header, no rows): valid a CSV with a header ({want}) and "
+                          "one row per configuration, seed and evaluated iteration")
+    if not rows:
+        raise ConfigError(f"--evidence {path} has a header but no rows: valid one row per configuration, seed and "
+                          f"evaluated iteration under the columns {want}")
     missing = [c for c in (*CSV_REQUIRED, metric) if c not in cols]
     if missing:
         raise ConfigError(f"--evidence {path}: no column {', '.join(missing)}: valid a CSV with columns "
@@ -880,9 +997,10 @@ def load_evidence(path, metric: str = "test_accuracy") -> Evidence:
     and evaluated iteration (columns :data:`CSV_REQUIRED` and ``metric``; optional collective (default the
     algorithm's first), density or k (one of them for an algorithm with k; a density stands for k = round(density x
     d) on the plan's d parameters), policy (default model, or ddp for an algorithm without k), P, batch_size, model, dataset).
-    metric: the column read (a name ending in ``loss`` is lower-is-better, anything else higher-is-better).
-    Rows whose metric is empty (not evaluated) are skipped. Raises ConfigError for a path that does not exist,
-    holds no run, lacks a column, or names an unknown algorithm or collective or a bad number."""
+    metric: the column read (a name ending in ``loss`` is lower-is-better, anything else higher-is-better, read as
+    an accuracy in [0, 1]: :func:`check_target`). Rows whose metric is empty (not evaluated) are skipped. Raises
+    ConfigError for a path that does not exist, holds no run, an empty CSV (no header, or a header without rows),
+    no value of the metric, a missing column, or an unknown algorithm or collective or a bad number."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"--evidence {str(p)!r} does not exist: valid a sparsim run directory, a folder of them "
@@ -893,10 +1011,14 @@ def load_evidence(path, metric: str = "test_accuracy") -> Evidence:
             raise ConfigError(f"--evidence {str(p)!r} holds no sparsim run (no summary.json beside a metrics.csv): "
                               "valid a run directory or a folder of them")
         runs = [r for run in dirs for r in _read_run(run, metric)]
+        if not runs:
+            raise ConfigError(f"--evidence {str(p)!r}: the metrics.csv of its {len(dirs)} run(s) hold no rows: valid "
+                              "runs that evaluated --metric (a [model] run, e.g. sparsim experiment tta)")
     else:
         runs = _read_csv(p, metric)
         if not runs:
-            raise ConfigError(f"--evidence {str(p)!r}: no row has a value of {metric!r}")
+            raise ConfigError(f"--evidence {str(p)!r}: no row has a value of {metric!r} (the column is empty in every "
+                              f"row): valid rows with a number in column {metric} where it was evaluated")
     seen = set()
     for r in runs:
         who = (r.algorithm, r.collective, r.k, r.density, r.policy, r.seed, r.P)
@@ -925,6 +1047,48 @@ def _spread(xs) -> dict:
             "min": float(v.min()), "max": float(v.max())}
 
 
+def check_target(target: float, metric: str) -> float:
+    """``target`` if it is in the valid range of ``metric``, else ConfigError (one line naming the value and the
+    range): for a lower-is-better metric (a name ending in ``loss``, as :func:`load_evidence` decides) a finite
+    target > 0; for any other (higher is better: an accuracy, a fraction) 0 < target <= 1."""
+    if isinstance(target, bool) or not isinstance(target, (int, float)):
+        raise ConfigError(f"--target {target!r} is not a number: valid a value of --metric {metric}")
+    if metric.endswith("loss"):
+        if not (math.isfinite(target) and target > 0):
+            raise ConfigError(f"--target {target:g} is out of range for {metric} (lower is better, a loss): valid a "
+                              "finite target > 0")
+    elif not 0 < target <= 1:
+        raise ConfigError(f"--target {target:g} is out of range for {metric} (higher is better, an accuracy): valid "
+                          "0 < target <= 1")
+    return float(target)
+
+
+def planned_runs(evidence: Evidence, inp: PlanInputs) -> list[EvidenceRun]:
+    """The runs of ``evidence`` that some configuration of ``inp`` takes (:func:`predict`'s matching: the same
+    :func:`_key`, a policy that takes evidence, recorded at a P of the plan or at an unstated P)."""
+    d = inp.workload.d
+    keys = {_key(c.algorithm, c.collective, _k(c.density, d) if c.density is not None else None, c.policy)
+            for c in inp.configs if c.policy not in NO_EVIDENCE_POLICIES}
+    return [r for r in evidence.runs if r.key(d) in keys and (r.P is None or r.P in inp.Ps)]
+
+
+def check_reached(evidence: Evidence, target: float, runs=None) -> None:
+    """ConfigError (one line: the target, the number of runs, the best value reached and the valid range) when no
+    run of ``runs`` (default every run of ``evidence``) reaches ``target`` at an evaluated iteration."""
+    runs = evidence.runs if runs is None else runs
+    lib = evidence.lower_is_better
+    if any(iterations_to_target(r.iterations, r.values, target, lib) is not None for r in runs):
+        return
+    vals = [v for r in runs for v in r.values]
+    if not vals:
+        raise ConfigError(f"--target {target:g}: no run of the evidence is of a configuration of the plan: valid "
+                          "--algorithms / --densities / --policies / --P naming the evidence's configurations")
+    best = (min if lib else max)(vals)
+    rel = ">=" if lib else "<="
+    raise ConfigError(f"--target {target:g} is never reached in the evidence ({len(runs)} runs of the plan's "
+                      f"configurations, best {evidence.metric} {best:.6g}): valid a target {rel} {best:.6g}")
+
+
 def predict(rows: list[dict], evidence: Evidence, target: float, d: int) -> list[dict]:
     """Add the predicted time to ``target`` to each row (in place; returns ``rows``): the :data:`EVIDENCE_COLUMNS`.
 
@@ -938,12 +1102,8 @@ def predict(rows: list[dict], evidence: Evidence, target: float, d: int) -> list
     Raises ConfigError when no run of the evidence reaches the target (naming the best value reached and the
     valid range of the target)."""
     lib = evidence.lower_is_better
+    check_reached(evidence, target)
     hits = [iterations_to_target(r.iterations, r.values, target, lib) for r in evidence.runs]
-    if all(h is None for h in hits):
-        best = (min if lib else max)(v for r in evidence.runs for v in r.values)
-        rel = ">=" if lib else "<="
-        raise ConfigError(f"--target {target:g} is never reached in the evidence ({len(evidence.runs)} runs, best "
-                          f"{evidence.metric} {best:.6g}): valid a target {rel} {best:.6g}")
     by_key: dict[tuple, list[tuple[EvidenceRun, int | None]]] = {}
     for r, h in zip(evidence.runs, hits):
         by_key.setdefault(r.key(d), []).append((r, h))
@@ -989,7 +1149,7 @@ def _tta_cell(r: dict) -> tuple[str, str]:
         return f"not reached ({n}/{N})", "-"
     sd = "" if math.isnan(r["tta_iterations_std"]) else f" ± {r['tta_iterations_std']:.3g}"
     ssd = "" if math.isnan(r["tta_s_std"]) else f" ± {r['tta_s_std']:.3g}"
-    return f"{r['tta_iterations_mean']:.4g}{sd} ({N} seeds)", f"{r['tta_s_mean']:.4g}{ssd}"
+    return f"{r['tta_iterations_mean']:.4g}{sd} ({N} seed{'' if N == 1 else 's'})", f"{r['tta_s_mean']:.4g}{ssd}"
 
 
 def _cost_text(costs: dict) -> str:
@@ -1000,7 +1160,7 @@ def header_lines(inp: PlanInputs) -> list[str]:
     """The lines above the tables: model, cluster, device, batch, engine, the compute costs and the rules."""
     wl, sc = inp.workload, inp.sc
     dev = "measured seconds (no device)" if inp.device is None else \
-        f"device {inp.device.name} (efficiency {inp.device.efficiency:g})"
+        f"device {inp.device.name} ({inp.device_from or 'workload.device'}; efficiency {inp.device.efficiency:g})"
     data = f" trained on {inp.dataset}" if inp.dataset else ""
     n = len(inp.configs)
     return [f"plan: {wl.name}{data} ({wl.d:,} parameters, {len(wl.tensors)} tensors, {len(wl.layers)} layers) on "
@@ -1115,24 +1275,35 @@ def _csv_rows(rows: list[dict]) -> list[dict]:
 
 
 def run_plan(inp: PlanInputs, out, *, force: bool = False, target: float | None = None, top: int | None = 10,
-             progress: bool = False, figure: bool = True, on_row=None) -> tuple[Path | None, list[dict], list[str]]:
+             progress: bool = False, figure: bool = True, on_row=None,
+             announce=None) -> tuple[Path | None, list[dict], list[str]]:
     """Simulate, rank and report a plan; write ``out`` (None: nothing written). Returns (path or None, ranked rows,
     the printed lines).
 
-    target: the metric's target with evidence (required with ``inp.evidence``; ConfigError when never reached).
-    top: rows printed per P (None: all). Raises ConfigError for an existing non-empty ``out`` unless ``force``,
-    and what :func:`simulate_plan` raises; nothing is left half-written."""
+    target: the metric's target with evidence (required with ``inp.evidence``, refused without; its range by
+    :func:`check_target`; ConfigError when no run of the plan's configurations reaches it, :func:`check_reached`).
+    top: rows printed per P (None: all). announce: optional callable(str), given one line (the number of
+    configurations x P) after every check and before the simulation (the CLI prints it to stderr, also under
+    --quiet: a large plan runs for minutes). Raises ConfigError for an empty or existing non-empty ``out`` (unless
+    ``force``), and what :func:`simulate_plan` raises; nothing is left half-written."""
     import shutil
 
     if inp.evidence is not None and target is None:
         raise ConfigError("--evidence needs --target: valid a value of the metric to reach (e.g. --target 0.8)")
-    if target is not None and not math.isfinite(target):
-        raise ConfigError(f"--target {target} is out of range: valid a finite value of the metric")
-    if inp.evidence is not None:  # a target never reached fails before the simulation
-        predict([], inp.evidence, target, inp.workload.d)
+    if target is not None and inp.evidence is None:
+        raise ConfigError(f"--target {target:g} needs --evidence: valid with the convergence evidence to read")
+    if inp.evidence is not None:  # a target out of range or never reached fails before the simulation
+        check_target(target, inp.evidence.metric)
+        check_reached(inp.evidence, target, planned_runs(inp.evidence, inp))
     if out is not None:
+        if not str(out).strip():
+            raise ConfigError(f"--out {str(out)!r} is empty: valid a directory path (default runs/plan)")
         out = Path(out)
         check_out(out, force)
+    if announce is not None:
+        n = len(inp.configs)
+        announce(f"plan: simulating {n} configuration{'s' if n != 1 else ''} x {len(inp.Ps)} P "
+                 f"({', '.join(map(str, inp.Ps))}) = {n * len(inp.Ps)} timelines, plus the dense baseline per P")
     t0 = time.perf_counter()
     rows = simulate_plan(inp, progress=progress, on_row=on_row)
     if inp.evidence is not None:

@@ -298,7 +298,8 @@ def test_evidence_mismatch_and_unreached_target_are_one_line_exit_2(evidence_dir
     base = ["--model", MODEL, "--network", "10GbE", "--algorithms", "dense:ring,topk,gtopk:tree", "--policies", "model",
             "--evidence", str(evidence_dir)]
     cases = [
-        (["--target", "0.9"], "--target 0.9 is never reached in the evidence (6 runs, best test_accuracy 0.87): "
+        (["--target", "0.9"], "--target 0.9 is never reached in the evidence (6 runs of the plan's configurations, best "
+                              "test_accuracy 0.87): "
                               "valid a target <= 0.87"),
         (["--target", "0.8", "--model", "vgg16-cifar"], "the evidence is for model 'resnet20-cifar', the plan for "
                                                         "'vgg16-cifar'"),
@@ -383,3 +384,205 @@ def test_hybrid_rows_are_the_optimiser_and_beat_the_uniform_bucket_policy():
                                      "x.csv")], "test_accuracy", False, "x.csv")
     with pytest.raises(pl.ConfigError, match="ran a hybrid plan: valid evidence of the uniform policies"):
         ev.check_against(inp)
+
+
+# ------------------------------------------------------------------ a fresh-clone review (#22): one rule per setting,
+# evidence without P, the target's range, unused options, progress, the preset's device, wording
+
+@pytest.mark.parametrize("args, needle", [
+    (["--device", "H100", "--set", "workload.device='V100'"],
+     "--device H100 and --set workload.device='V100' both set workload.device: valid one of the two"),
+    (["--batch-size", "32", "--set", "training.batch_size=64"],
+     "--batch-size 32 and --set training.batch_size=64 both set training.batch_size: valid one of the two"),
+    (["--set", "cluster.network='1GbE'"],  # --network 10GbE is in every case's arguments
+     "--network 10GbE and --set cluster.network='1GbE' both set cluster.network: valid one of the two"),
+    (["--P", "4", "--set", "cluster.P=8"], "--P 4 and --set cluster.P=8 both set cluster.P: valid one of the two"),
+    (["--densities", "0.01", "--set", "compression.k=5"],
+     "--densities 0.01 and --set compression.k=5 both set compression.k"),
+    (["--set", "workload.model='vgg16-cifar'"], "--model resnet20-cifar and --set workload.model='vgg16-cifar' both set"),
+    (["--policies", "model", "--set", "workload.sparse_policy='layer'"], "--policies model and --set "
+                                                                           "workload.sparse_policy='layer' both set"),
+])
+def test_an_option_and_a_set_of_the_same_key_is_an_error(tmp_path, args, needle):
+    """Before: --set silently won over --device, --batch-size, --network (and --P over --set cluster.P)."""
+    r = _cli(["--model", MODEL, "--network", "10GbE", "--algorithms", "dense:ring,gtopk:tree", *args], tmp_path)
+    assert r.exit_code == 2 and needle in r.output, r.output
+    assert r.output.startswith("error:") and len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_set_of_a_key_no_option_gives_still_works():
+    inp = pl.resolve_plan(model=MODEL, network="10GbE", P="4", densities="0.01", algorithms="gtopk:tree",
+                          policies="model", overrides=["workload.device='V100'", "training.batch_size=8"])
+    assert (inp.device.name, inp.sc.training.batch_size) == ("V100", 8)
+    assert inp.device_from == "--set workload.device"
+
+
+def _csv_evidence(path, *, P=True, batch=True):
+    """CURVES as a CSV, with or without the P and batch_size columns."""
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["algorithm", "density", "seed", "iteration", "test_accuracy"] + ["P"] * P + ["batch_size"] * batch)
+        for (alg, dens, seed), vals in CURVES.items():
+            for it, v in zip(ITERS, vals):
+                w.writerow([alg, "" if dens is None else dens, seed, it, v] + [4] * P + [16] * batch)
+    return path
+
+
+@pytest.mark.parametrize("P, batch, missing", [(False, True, "P"), (True, False, "batch_size"),
+                                               (False, False, "P or batch_size")])
+def test_csv_evidence_without_P_or_batch_is_refused_for_several_P(tmp_path, P, batch, missing):
+    """Before: iterations to the target measured at one P were reused at every P of the plan."""
+    ev = _csv_evidence(tmp_path / "ev.csv", P=P, batch=batch)
+    r = _cli(["--model", MODEL, "--network", "10GbE", "--algorithms", "dense:ring,topk", "--policies", "model",
+              "--P", "4,8", "--evidence", str(ev), "--target", "0.8"], tmp_path)
+    assert r.exit_code == 2 and r.output.startswith("error:") and len(r.output.strip().splitlines()) == 1, r.output
+    assert f"has no {missing} (column" in r.output and "the plan has P = 4, 8" in r.output, r.output
+    assert "valid a CSV with columns P and batch_size, or one --P" in r.output
+    assert not (tmp_path / "p").exists()
+    # one P: the evidence is read at it (the same numbers as with the columns)
+    e = pl.load_evidence(ev)
+    inp = pl.resolve_plan(model=MODEL, network="10GbE", algorithms="dense:ring,topk", policies="model", P="4",
+                          evidence=e)
+    rows = pl.predict(pl.simulate_plan(inp), e, 0.8, inp.workload.d)
+    assert {r["algorithm"]: r["tta_iterations_mean"] for r in rows} == {"dense": 15.0, "topk": 25.0}
+
+
+def test_run_directories_carry_P_and_batch_for_several_P(evidence_dir):
+    ev = pl.load_evidence(evidence_dir)
+    inp = pl.resolve_plan(model=MODEL, network="10GbE", algorithms="dense:ring,topk", policies="model", P="4,8",
+                          evidence=ev)
+    rows = pl.predict(pl.simulate_plan(inp), ev, 0.8, inp.workload.d)
+    assert {(r["P"], r["algorithm"]): r["evidence"] for r in rows} == {
+        (4, "dense"): "reached", (4, "topk"): "reached", (8, "dense"): "none", (8, "topk"): "none"}
+
+
+@pytest.mark.parametrize("target, metric, needle", [
+    ("0", "test_accuracy", "--target 0 is out of range for test_accuracy (higher is better, an accuracy): valid "
+                           "0 < target <= 1"),
+    ("-1", "test_accuracy", "--target -1 is out of range for test_accuracy"),
+    ("1.5", "test_accuracy", "--target 1.5 is out of range for test_accuracy"),
+    ("nan", "test_accuracy", "--target nan is out of range"),
+    ("0", "test_loss", "--target 0 is out of range for test_loss (lower is better, a loss): valid a finite target > 0"),
+    ("-1", "test_loss", "--target -1 is out of range for test_loss"),
+    ("inf", "test_loss", "--target inf is out of range for test_loss"),
+])
+def test_a_target_out_of_its_metrics_range_is_an_error(evidence_dir, tmp_path, target, metric, needle):
+    """Before: --target 0 and -1 were accepted (every run 'reached' them at iteration 0)."""
+    r = _cli(["--model", MODEL, "--network", "10GbE", "--algorithms", "dense:ring,topk", "--policies", "model",
+              "--evidence", str(evidence_dir), "--target", target, "--metric", metric], tmp_path)
+    assert r.exit_code == 2 and needle in r.output, r.output
+    assert r.output.startswith("error:") and len(r.output.strip().splitlines()) == 1
+    assert pl.check_target(0.5, "test_accuracy") == 0.5 and pl.check_target(2.3, "test_loss") == 2.3
+
+
+def test_a_target_reached_only_by_configurations_outside_the_plan_is_never_reached(evidence_dir, tmp_path):
+    """0.85 is reached by dense and Top-k only; a plan of gTop-k alone has no run that reaches it: exit 2 (before:
+    a table of 'not reached' rows, exit 0). 0.75 is reached by one gTop-k seed of two: a row 'not reached (1/2)'."""
+    base = ["--model", MODEL, "--network", "10GbE", "--policies", "model", "--evidence", str(evidence_dir)]
+    r = _cli(base + ["--algorithms", "gtopk:tree", "--target", "0.85"], tmp_path)
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert ("--target 0.85 is never reached in the evidence (2 runs of the plan's configurations, best test_accuracy "
+            "0.8): valid a target <= 0.8") in r.output
+    r = _cli(base + ["--algorithms", "gtopk:tree", "--target", "0.75"], tmp_path)
+    assert r.exit_code == 0, r.output
+    assert "not reached (1/2)" in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--algorithms", "dense,powersgd", "--densities", "0.01"],
+     "--densities 0.01: none of the plan's algorithms (dense, powersgd) selects k entries, so no configuration uses it"),
+    (["--algorithms", "dense", "--policies", "layer"],
+     "--policies layer: none of the plan's algorithms (dense) selects k entries"),
+    (["--algorithms", "dgc", "--policies", "model,hybrid"],
+     "--policies hybrid: none of the plan's algorithms with k (dgc) runs policy hybrid: valid hybrid with one of topk"),
+    (["--P", "4,,8"], "--P '4,,8' has an empty item: valid comma-separated integers 1 <= P <= 65536"),
+    (["--P", "4,"], "--P '4,' has an empty item"),
+    (["--densities", "0.01,,0.1"], "--densities '0.01,,0.1' has an empty item"),
+    (["--policies", "model,"], "--policies 'model,' has an empty item"),
+    (["--algorithms", "dense,,gtopk"], "--algorithms 'dense,,gtopk' has an empty item"),
+])
+def test_options_the_run_does_not_use_are_errors(tmp_path, args, needle):
+    r = _cli(["--model", MODEL, "--network", "10GbE", *args], tmp_path)
+    assert r.exit_code == 2 and needle in r.output, r.output
+    assert r.output.startswith("error:") and len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("extra", [[], ["--anchors"]])
+def test_an_empty_out_is_an_error(tmp_path, extra):
+    """Before: --out '' fell back to runs/plan."""
+    args = extra or ["--model", MODEL, "--network", "10GbE", "--P", "4"]
+    r = CliRunner().invoke(main, ["plan", *args, "--out", "", "--quiet"])
+    assert r.exit_code == 2 and "--out '' is empty: valid a directory path" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_default_policies_leave_hybrid_out_for_dgc():
+    inp = pl.resolve_plan(model=MODEL, network="10GbE", P="4", densities="0.01", algorithms="dgc,gtopk:tree")
+    assert [c.policy for c in inp.configs if c.algorithm == "dgc"] == ["model", "bucket", "layer"]
+    assert [c.policy for c in inp.configs if c.algorithm == "gtopk"] == list(pl.PLAN_POLICIES)
+
+
+def test_quiet_still_prints_the_size_of_the_plan_on_stderr(tmp_path):
+    """Before: nothing before the tables under --quiet (ResNet-50 at four P runs for minutes)."""
+    r = CliRunner().invoke(main, ["plan", "--model", MODEL, "--network", "10GbE", "--P", "4,8", "--densities", "0.01",
+                                  "--algorithms", "dense:ring,gtopk:tree", "--policies", "model,layer",
+                                  "--out", str(tmp_path / "p"), "--quiet"])
+    assert r.exit_code == 0, r.output
+    line = "plan: simulating 3 configurations x 2 P (4, 8) = 6 timelines, plus the dense baseline per P"
+    assert r.stderr.strip() == line
+    assert r.stdout.index("plan: resnet20-cifar") == 0  # the tables follow on stdout
+
+
+@pytest.mark.parametrize("network, device, why", [
+    ("dgx-h100", "H100", "the dgx-h100 preset's device; --device to change"),
+    ("gtopk-icdcs", "P102-100", "the gtopk-icdcs preset's device; --device to change"),
+    ("v100-25GbE", "V100", "the v100-25GbE preset's device; --device to change"),
+    ("10GbE", "P102-100", "the default workload.device: 10GbE names no device; --device to change"),
+])
+def test_a_cluster_preset_prices_compute_on_its_own_device(network, device, why):
+    """Before: --network dgx-h100 without --device priced compute on the P102-100, silently."""
+    inp = pl.resolve_plan(model=MODEL, network=network, P="8", densities="0.01", algorithms="gtopk", policies="model")
+    assert inp.device == get_device(device) and inp.device_from == why
+    assert inp.costs == pl.resolve_plan(model=MODEL, network=network, P="8", densities="0.01", algorithms="gtopk",
+                                        policies="model", device=device).costs
+    assert f"device {device} ({why}; efficiency" in pl.header_lines(inp)[0]
+    # an explicit device wins, from --device, --set or the scenario
+    assert pl.resolve_plan(model=MODEL, network=network, P="8", algorithms="dense", device="A100").device.name == "A100"
+    assert pl.resolve_plan(model=MODEL, network=network, P="8", algorithms="dense",
+                           overrides=["workload.device='A100'"]).device.name == "A100"
+
+
+def test_a_scenario_device_wins_over_the_preset(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text('[cluster]\nnetwork = "dgx-h100"\nP = 8\n[workload]\nmodel = "resnet20-cifar"\ndevice = "V100"\n')
+    inp = pl.resolve_plan(str(p), algorithms="dense")
+    assert inp.device.name == "V100" and inp.device_from == f"{p}'s workload.device"
+
+
+def test_one_seed_is_singular(tmp_path):
+    """Before: '(1 seeds)'."""
+    root = tmp_path / "ev"
+    for (alg, dens, seed) in CURVES:
+        if seed == 0:
+            _run_dir(root / f"{alg}_{dens}", alg, dens, seed)
+    ev = pl.load_evidence(root)
+    inp = pl.resolve_plan(model=MODEL, network="10GbE", algorithms="dense:ring", evidence=ev)
+    rows = pl.rank_rows(pl.predict(pl.simulate_plan(inp), ev, 0.8, inp.workload.d))
+    text = "\n".join(pl.table_lines(rows, inp))
+    assert "10 (1 seed)" in text and "seeds)" not in text
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("", "is empty (no header, no rows): valid a CSV with a header (algorithm, seed, iteration, test_accuracy"),
+    ("algorithm,seed,iteration,test_accuracy\n", "has a header but no rows: valid one row per configuration"),
+    ("algorithm,seed,iteration,test_accuracy\ndense,0,0,\ndense,0,10,\n",
+     "no row has a value of 'test_accuracy' (the column is empty in every row)"),
+])
+def test_an_empty_evidence_csv_is_one_line_naming_the_file(tmp_path, content, needle):
+    """Before: a header-only CSV was 'no column algorithm, seed, iteration, test_accuracy' (it has them)."""
+    p = tmp_path / "ev.csv"
+    p.write_text(content)
+    r = _cli(["--model", MODEL, "--network", "10GbE", "--evidence", str(p), "--target", "0.8"], tmp_path)
+    assert r.exit_code == 2 and needle in r.output and str(p) in r.output, r.output
+    assert r.output.startswith("error:") and len(r.output.strip().splitlines()) == 1
