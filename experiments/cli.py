@@ -682,13 +682,14 @@ def experiment_tta(out, quick, force, jobs, scheduler, quiet, model, algorithms,
 
 
 @experiment.command("validate-advisor")
-@_experiment_options("validate-advisor", "CI size: the tta quick plan with dense, topk, gtopk at 0.001, 2 seeds, 80 "
-                                         "iterations evaluated every 4, targets 0.72,0.75")
+@_experiment_options("validate-advisor", "CI size: the tta quick plan with dense, topk, gtopk at 0.001, 2 seeds, 120 "
+                                         "iterations evaluated every 4, targets 0.68,0.7 (tau and top-1 over 3 "
+                                         "configurations per cluster)")
 @click.option("--runs", type=click.Path(file_okay=False), default=None,
               help="read this sparsim experiment tta output directory instead of running the sweep (its evaluation "
                    "points must put >= 4 in each run's first --fraction)")
 @click.option("--targets", default=None, help="comma-separated test accuracies in (0, 1] [default: 0.84,0.86; "
-                                              "--quick: 0.72,0.75]")
+                                              "--quick: 0.68,0.7]")
 @click.option("--fraction", type=float, default=None, help="share of each run's iterations the predictor sees, in "
                                                             "(0, 1) [default: 0.2]")
 @_user_errors

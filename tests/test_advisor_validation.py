@@ -203,6 +203,13 @@ def test_quick_writes_the_files_and_runs_gives_the_same_bytes(quick, tmp_path):
     # 2 targets x 2 clusters x 3 configurations (dense, topk, gtopk at 0.001) x 2 seeds; 3 rankers
     assert (len(cases), len(fits), len(rankings)) == (12, 24, 12)
     assert "## Agreement with the measured ranking" in output
+    # --quick validates something: on each cluster and target the learning curve ranks 3 configurations (before:
+    # 80 iterations, targets 0.72 / 0.75, every configuration 'never', tau n/a)
+    lc = [r for r in rankings if r["ranker"] == "learning curve (20 %)"]
+    assert len(lc) == 4 and all(int(r["configurations"]) == 3 for r in lc)
+    assert all(math.isfinite(float(r["kendall_tau"])) and -1 <= float(r["kendall_tau"]) <= 1 for r in lc)
+    assert all(r["top1"] and r["top1_measured"] and r["top1_agree"] in ("True", "False") for r in lc)
+    assert int(lc[0]["measured_reached"]) == 3 and int(lc[0]["predicted_never"]) < 3
     # the measured side recomputed from the sweep's curves
     curves = _csv(out / "tta" / "curves.csv")
     for c in cases:
@@ -217,7 +224,7 @@ def test_quick_writes_the_files_and_runs_gives_the_same_bytes(quick, tmp_path):
         else:
             assert float(c["measured_tta_s"]) == pytest.approx(np.mean(per_seed), rel=1e-15)
     again = tmp_path / "again"
-    r = _invoke("--runs", str(out / "tta"), "--targets", "0.72,0.75", "--out", str(again))
+    r = _invoke("--runs", str(out / "tta"), "--targets", "0.68,0.7", "--out", str(again))
     assert r.exit_code == 0, r.output
     for f in ("cases.csv", "fits.csv", "rankings.csv"):
         assert (again / f).read_bytes() == (out / f).read_bytes()
@@ -278,6 +285,22 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
     assert r.exit_code == 2 and r.output.startswith("error:") and needle in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
     assert not (tmp_path / "t").exists() and not (tmp_path / "t.partial").exists()
+
+
+def test_a_target_no_configuration_reaches_is_one_line_exit_2(tmp_path):
+    """Before: exit 0 and a report of 'n/a' (every configuration 'not reached': nothing validated). The best a
+    configuration reaches with both seeds is 'fast' seed 0 at iteration 1000: 0.90 - 1.2 x 1000^-0.6 = 0.881."""
+    rows, _m, _s = _hand_made_curves()
+    _write_curves(tmp_path / "runs", rows)
+    r = _invoke("--runs", str(tmp_path / "runs"), "--targets", "0.87,0.95", "--out", str(tmp_path / "v"))
+    assert r.exit_code == 2 and r.output.startswith("error:") and len(r.output.strip().splitlines()) == 1, r.output
+    assert ("--targets 0.95 is reached by no configuration of the runs with every seed, so no ranking can be "
+            "validated at it (the best a configuration reaches with every seed is test accuracy 0.881): valid "
+            "0 < target <= 0.881") in r.output
+    assert not (tmp_path / "v").exists() and not (tmp_path / "v.partial").exists()
+    with pytest.raises(ConfigError, match="--targets 0.882 is reached by no configuration"):
+        validate(rows, (0.882,), 0.2)
+    assert len(validate(rows, (0.88,), 0.2)[0]) == 6  # 0.88 < 0.881: 'fast' reaches it with both seeds
 
 
 def test_a_bad_target_without_runs_fails_before_the_sweep(tmp_path):
