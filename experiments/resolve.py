@@ -136,20 +136,26 @@ def resolve_device(sc: Scenario):
 
 def compute_costs(sc: Scenario, dev) -> dict:
     """The selection, merge, reduction and update costs of a run on device ``dev`` (its DeviceModel, or None: a
-    [data] objective run, a measured layer table): :meth:`experiments.scenario.ComputeCfg.costs` at the scenario's
-    compression.value_bytes / index_bytes. A compute.*_coeff_s key set in the scenario wins over the device's
-    model; with no device the unset keys take the gTop-k papers' model (2.19e-10 s x x log2 x, nothing else).
-    Returns kind -> {"coeff_s", "scaling", "model", "from"} (summary.json's ``resolved.compute_costs``). Raises
-    ConfigError when the device prices no cost for a kind the scenario leaves unset."""
+    [data] objective run, a measured layer table), and the compression kinds ``scan`` (bytes) and ``matmul``
+    (FLOPs) where an algorithm of the run charges them (:meth:`experiments.scenario.Scenario.charged_kinds`):
+    :meth:`experiments.scenario.ComputeCfg.costs` at the scenario's compression.value_bytes / index_bytes. A
+    compute.*_coeff_s key set in the scenario wins over the device's model; with no device the unset keys take the
+    gTop-k papers' model (2.19e-10 s x x log2 x, no merge, reduction or update), scan and matmul the P102-100
+    preset's memory and FLOP models. Returns kind -> {"coeff_s", "scaling", "model", "source", "passes", "from",
+    and "unit" for scan and matmul} (summary.json's ``resolved.compute_costs``; the run's summary prints one line per
+    source naming the kinds it priced). Raises ConfigError when the device prices no cost for a kind the scenario
+    leaves unset."""
     c = sc.compression
-    return sc.compute.costs(dev, c.value_bytes, c.index_bytes)
+    return sc.compute.costs(dev, c.value_bytes, c.index_bytes, sc.charged_kinds())
 
 
 def resolve_compute(sc: Scenario, dev):
     """The run's :class:`sim.machine.compute.ComputeModel`: the scenario's [compute] keys (forward_backward_s,
     jitter, stragglers) and seed, with the selection, merge, reduction and update costs of :func:`compute_costs` on
-    ``dev`` (a DeviceModel, or None). Every run kind builds its compute model here, so no cost key is read one way
-    by one run and another way by another. Raises ConfigError as ComputeModel and compute_costs do."""
+    ``dev`` (a DeviceModel, or None), and the scan (per byte) and matmul (per FLOP) costs where the run's
+    algorithms charge them (elsewhere ComputeModel's 0: nothing of the run charges them). Every run kind builds its
+    compute model here, so no cost key is read one way by one run and another way by another. Raises ConfigError
+    as ComputeModel and compute_costs do."""
     from sim.machine.compute import ComputeModel
 
     costs = compute_costs(sc, dev)

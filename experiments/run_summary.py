@@ -87,11 +87,12 @@ def _net_lines(r: dict, s: dict) -> Iterator[str]:
 def costs_lines(costs: dict) -> list[str]:
     """The lines saying which cost model priced a run's selections, merges, reductions and updates, from
     summary.json's ``resolved.compute_costs`` (:func:`experiments.resolve.compute_costs`): ``costs: select <coeff>,
-    merge ..., reduce ..., update ...`` (seconds per x log2 x or per element, with the memory model's passes),
+    merge ..., reduce ..., update ...`` and, where the run charges them, ``scan`` and ``matmul`` (seconds per
+    x log2 x, per element, per byte or per FLOP, each cost's ``unit``; with the memory model's passes),
     then one line per source naming the kinds it priced (the scenario's key, the device's memory model or measured
     fit, or the default). Returns the lines (without newlines)."""
     def one(c):
-        per = "x log2 x" if c["scaling"] == "x log2 x" else "element"
+        per = c.get("unit") or ("x log2 x" if c["scaling"] == "x log2 x" else "element")  # no unit: before scan/matmul
         return f"{c['coeff_s']:.3g} s/{per}" + (f" ({c['passes']:.3g} passes)" if c.get("passes") is not None else "")
 
     head = "costs: " + ", ".join(f"{kind} {one(c)}" for kind, c in costs.items())

@@ -104,14 +104,26 @@ class ComputeCfg(_Strict):
     merge_coeff_s: float | None = Field(None, ge=0, le=MAX_COEFF_S, description="gTop-k merge: seconds per element merged; unset: the device's cost model, else 0")
     reduce_coeff_s: float | None = Field(None, ge=0, le=MAX_COEFF_S, description="dense reduction: seconds per element added; unset: the device's cost model, else 0")
     update_coeff_s: float | None = Field(None, ge=0, le=MAX_COEFF_S, description="parameter update: seconds per parameter; unset: the device's cost model, else 0")
+    scan_coeff_s: float | None = Field(None, ge=0, le=MAX_COEFF_S, description="a compressor's memory traffic (rand-k, Gaussian-k, DGC, PowerSGD): seconds per byte; "
+                                                                           "unset: the device's memory model, else the P102-100's")
+    matmul_coeff_s: float | None = Field(None, ge=0, le=MAX_COEFF_S, description="a compressor's matrix products (PowerSGD): seconds per FLOP; "
+                                                                             "unset: the device's peak x efficiency, else the P102-100's")
 
     #: compute kind -> the key that sets its cost (docs/costs-per-device.md)
     COST_KEYS: ClassVar[dict[str, str]] = {"select": "select_coeff_s", "merge": "merge_coeff_s",
-                                           "reduce": "reduce_coeff_s", "update": "update_coeff_s"}
+                                           "reduce": "reduce_coeff_s", "update": "update_coeff_s",
+                                           "scan": "scan_coeff_s", "matmul": "matmul_coeff_s"}
+    #: the kinds every run prices (and summary.json records); the others (scan, matmul) only where an algorithm of
+    #: the run charges them (:attr:`sim.algorithms.Algorithm.cost_kinds`) or their key is set
+    ALWAYS_PRICED: ClassVar[tuple[str, ...]] = ("select", "merge", "reduce", "update")
     #: a cost key's value where neither the scenario nor a device gives one: the gTop-k papers' model (their
-    #: P102-100 selection fit, Shi et al., ICDCS 2019; nothing else charged)
+    #: P102-100 selection fit, Shi et al., ICDCS 2019; no merge, reduction or update charged), and for a
+    #: compressor's memory traffic and matrix products, which their model does not price, the P102-100 preset's
+    #: memory model (1 / (0.87 x 440.3 GB/s) per byte) and FLOP model (1 / (10.77 TFLOP/s x 0.4) per FLOP)
     DEFAULT_COSTS: ClassVar[dict[str, float]] = {"select_coeff_s": 2.19e-10, "merge_coeff_s": 0.0,
-                                                 "reduce_coeff_s": 0.0, "update_coeff_s": 0.0}
+                                                 "reduce_coeff_s": 0.0, "update_coeff_s": 0.0,
+                                                 "scan_coeff_s": 1.0 / (0.87 * 440.3e9),
+                                                 "matmul_coeff_s": 1.0 / (10.77e12 * 0.4)}
 
     @model_validator(mode="after")
     def _variation_keys_in_use(self):
@@ -123,25 +135,31 @@ class ComputeCfg(_Strict):
                              "worker straggles): used only with compute.straggler_prob > 0")
         return self
 
-    def costs(self, device=None, value_bytes: int = 4, index_bytes: int = 4) -> dict[str, dict]:
-        """The cost of each compute kind a run uses, kind (select, merge, reduce, update) -> {"coeff_s": seconds per
-        unit, "scaling": "x log2 x" or "x" (the unit: per x log2 x, or per element), "model": the formula, "source":
-        where its figures come from, "passes": passes over memory per element (the device's memory model, else
-        None), "from": "scenario", "device" or "default"}.
+    def costs(self, device=None, value_bytes: int = 4, index_bytes: int = 4, kinds=()) -> dict[str, dict]:
+        """The cost of each compute kind a run uses, kind (select, merge, reduce, update, and of scan and matmul
+        those in ``kinds`` or whose key is set) -> {"coeff_s": seconds per unit, "scaling": "x log2 x" or "x" (the
+        unit: per x log2 x, or per unit of work), for scan and matmul "unit": "byte" or "FLOP" (the unit of their
+        work; the others' is the element or x log2 x), "model": the formula, "source": where its figures come from,
+        "passes": passes over memory per element (the device's memory model, else None), "from": "scenario",
+        "device" or "default"}.
 
         The rule: a key given in the scenario (not None) wins; else ``device``'s cost model
         (:meth:`sim.workloads.model.DeviceModel.costs` at ``value_bytes`` / ``index_bytes`` per value / index, the
         scenario's compression.value_bytes / index_bytes); else, with no device (a [data] objective run, a measured
         layer table), :data:`DEFAULT_COSTS`. Raises ConfigError when the device has no cost for a kind the scenario
         leaves unset."""
-        dev = device.costs(value_bytes, index_bytes) if device is not None and any(
-            getattr(self, k) is None for k in self.COST_KEYS.values()) else None
+        priced = [kind for kind, key in self.COST_KEYS.items()
+                  if kind in self.ALWAYS_PRICED or kind in kinds or getattr(self, key) is not None]
+        unset = [kind for kind in priced if getattr(self, self.COST_KEYS[kind]) is None]
+        dev = device.costs(value_bytes, index_bytes, kinds=unset) if device is not None and unset else None
+        units = {"scan": "byte", "matmul": "FLOP"}
         out = {}
-        for kind, key in self.COST_KEYS.items():
+        for kind in priced:
+            key = self.COST_KEYS[kind]
             v = getattr(self, key)
-            unit = "x log2 x" if kind == "select" else "x"
+            scaling = "x log2 x" if kind == "select" else "x"
             if v is not None:
-                out[kind] = {"coeff_s": v, "scaling": unit, "model": f"{v:.3g} s x {unit}",
+                out[kind] = {"coeff_s": v, "scaling": scaling, "model": f"{v:.3g} s x {scaling}",
                              "source": f"compute.{key} (the scenario)", "passes": None, "from": "scenario"}
             elif dev is not None:
                 c = dev[kind]
@@ -149,9 +167,16 @@ class ComputeCfg(_Strict):
                              "passes": c.passes, "from": "device"}
             else:
                 v = self.DEFAULT_COSTS[key]
-                out[kind] = {"coeff_s": v, "scaling": unit, "model": f"{v:.3g} s x {unit}", "passes": None,
-                             "source": "compute.*_coeff_s unset and no device: the gTop-k papers' model (their P102-100 "
-                                       "selection fit, Shi et al. 2019; nothing else charged)", "from": "default"}
+                src = ("compute.*_coeff_s unset and no device: the P102-100 preset's memory model (0.87 x 440.3 GB/s)"
+                       if kind == "scan" else
+                       "compute.*_coeff_s unset and no device: the P102-100 preset's FLOP model (10.77 TFLOP/s x 0.4)"
+                       if kind == "matmul" else
+                       "compute.*_coeff_s unset and no device: the gTop-k papers' model (their P102-100 selection fit, "
+                       "Shi et al. 2019; nothing else charged)")
+                out[kind] = {"coeff_s": v, "scaling": scaling, "model": f"{v:.3g} s x {scaling}", "passes": None,
+                             "source": src, "from": "default"}
+            if kind in units and out[kind]["scaling"] == "x":
+                out[kind]["unit"] = units[kind]  # per byte, per FLOP (the others: per x log2 x or element)
         return out
 
 
@@ -394,7 +419,12 @@ def used_keys_dump(sc: "Scenario", backend: str = "sim") -> dict:
     if sc.cluster.network != "custom":
         cl.pop("topology")
     comp = out["compute"]  # the cost keys as the run used them (ComputeCfg.costs), so that reloading gives the same run
-    for kind, c in sc.compute.costs(cost_device(sc), sc.compression.value_bytes, sc.compression.index_bytes).items():
+    priced = sc.compute.costs(cost_device(sc), sc.compression.value_bytes, sc.compression.index_bytes,
+                              sc.charged_kinds())
+    for kind, key in ComputeCfg.COST_KEYS.items():
+        if kind not in priced:  # scan / matmul where no algorithm of the run charges them: not recorded
+            comp.pop(key)
+    for kind, c in priced.items():
         key = ComputeCfg.COST_KEYS[kind]
         if c["scaling"] == "x log2 x" or kind != "select":
             comp[key] = c["coeff_s"]
@@ -516,10 +546,10 @@ class Scenario(_Strict):
                              f"algorithms ({seg}; {here}: one exchange of the whole vector)")
         return self
 
-    @model_validator(mode="after")
-    def _cost_keys_in_use(self):
-        from sim.algorithms import REGISTRY
-
+    def charged_kinds(self) -> set[str]:
+        """The compute kinds this run charges besides forward_backward: ``update`` (every step ends with it), each
+        running algorithm's :attr:`sim.algorithms.Algorithm.cost_kinds`, and ``reduce`` under a hybrid plan (its
+        dense buckets' allreduce)."""
         running = self.running_algorithms()
         kinds = {"update"}  # every algorithm's step ends with the update (sgd_step)
         for *_, algo in running:
@@ -527,6 +557,13 @@ class Scenario(_Strict):
         w = self.workload
         if w.sparse_policy == "hybrid" and (w.active or self.model.name) and any(a.sparse for *_, a in running):
             kinds.add("reduce")  # the plan's dense buckets: the dense allreduce
+        return kinds
+
+    @model_validator(mode="after")
+    def _cost_keys_in_use(self):
+        from sim.algorithms import REGISTRY
+
+        kinds = self.charged_kinds()
         for kind, key in ComputeCfg.COST_KEYS.items():
             v = getattr(self.compute, key)
             if v is None or kind in kinds or v == self._unset_cost(kind):
@@ -542,7 +579,7 @@ class Scenario(_Strict):
         key = ComputeCfg.COST_KEYS[kind]
         try:
             c = self.compute.model_copy(update={key: None}).costs(cost_device(self), self.compression.value_bytes,
-                                                                   self.compression.index_bytes)[kind]
+                                                                   self.compression.index_bytes, (kind,))[kind]
         except ConfigError:
             return None
         return c["coeff_s"] if c["scaling"] == ("x log2 x" if kind == "select" else "x") else None

@@ -37,7 +37,8 @@ def test_memory_model_closed_form_per_preset(name, bw):
     assert c["merge"].coeff_s == (2 * (4 + 4) / 4 + 9.0) * 4 / ach
     assert c["reduce"].coeff_s == 3.0 * 4 / ach and c["update"].coeff_s == 3.0 * 4 / ach
     assert c["select"].passes == 9.0 and c["merge"].passes == 13.0
-    assert all(k.scaling == "x" and f"{bw:.3g} B/s" in k.model and "datasheet" in k.source for k in c.values())
+    assert all(k.scaling == "x" and f"{bw:.3g} B/s" in k.model and "datasheet" in k.source for kind, k in c.items()
+               if kind != "matmul")  # matmul: the FLOP model (tests/test_compression_costs.py)
 
 
 def test_h100_selection_of_resnet50_is_a_third_of_a_millisecond_not_138_ms():

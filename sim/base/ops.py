@@ -36,7 +36,15 @@ COMPUTE_KINDS = {
     "merge": "elements merged (sparse add + top-k over the union)",
     "reduce": "elements added in a dense reduction",
     "update": "parameters updated",
+    "scan": "bytes read or written in device memory by a compressor's streaming or gathering kernels",
+    "matmul": "floating-point operations of a compressor's dense matrix products (2 per multiply-add)",
 }
+
+#: The compute kinds of compression itself (:meth:`sim.algorithms.base.Algorithm.compression_work`): what an
+#: algorithm does to its accumulator before its collective starts (a top-k selection, a threshold's passes, a
+#: low-rank product). The iteration timeline charges them before each bucket's collective and its collective timer
+#: leaves them out (sim/engine/timeline.py); merges and reductions belong to the collectives.
+COMPRESSION_KINDS = ("select", "scan", "matmul")
 
 
 @dataclass(frozen=True)

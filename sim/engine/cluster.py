@@ -37,12 +37,16 @@ from sim.base.ops import AllReduce, Compute, Recv, Send, SendRecv, signature
 __all__ = ["SimCluster", "CATEGORY_OF_KIND"]
 
 #: Which timeline category each compute kind is accounted to (0 compute, 1 compress, 2 comm: the
-#: columns of ``SimCluster.busy``).
+#: columns of ``SimCluster.busy``). The compression kinds (:data:`sim.base.ops.COMPRESSION_KINDS`: a selection, a
+#: compressor's memory passes, its matrix products) and gTop-k's merges are compression; a reduction is part of its
+#: collective.
 CATEGORY_OF_KIND = {
     "forward_backward": 0,
     "update": 0,
     "select": 1,
     "merge": 1,
+    "scan": 1,
+    "matmul": 1,
     "reduce": 2,
 }
 

@@ -30,8 +30,8 @@ SELECT_SCALINGS = ("x log2 x", "x")
 
 #: Upper limits of the model's parameters, where no physical value is larger (the scenario keys
 #: compute.* state the same limits): one hour of forward + backward per step and worker (s); one second
-#: per element selected, merged, added or updated (measured costs are nanoseconds per element); a straggler
-#: 1000 times slower than its peers; a jitter scale of 3 (a lognormal sigma of 3 has a coefficient of
+#: per element selected, merged, added or updated, per byte scanned or per FLOP (measured costs are nanoseconds
+#: per element); a straggler 1000 times slower than its peers; a jitter scale of 3 (a lognormal sigma of 3 has a coefficient of
 #: variation of 90, an exponential mean extra of 300 %: measured step times vary by a few percent). With
 #: these, one iteration's compute is finite and far below float64's range, so the simulated clock stays exact.
 MAX_FORWARD_BACKWARD_S = 3600.0
@@ -73,6 +73,14 @@ class ComputeModel:
         merge_coeff_s: seconds per element merged (sparse add + top-k over the union), 0 <= . <= 1.
         reduce_coeff_s: seconds per element added in a dense reduction, 0 <= . <= 1.
         update_coeff_s: seconds per parameter updated, 0 <= . <= 1.
+        scan_coeff_s: seconds per byte a compressor reads or writes in device memory (the ``scan`` kind: rand-k's
+            gathers, Gaussian-k's statistics and threshold passes, DGC's threshold filter, PowerSGD's reads of its
+            matrices), 0 <= . <= 1. A device's memory model gives 1 / (mem_efficiency x mem_bandwidth_Bps): 0.87 of
+            the datasheet bandwidth (:meth:`sim.workloads.model.DeviceModel.costs`, docs/costs-per-device.md).
+            Default 0 (not charged).
+        matmul_coeff_s: seconds per floating-point operation of a compressor's dense matrix products (the
+            ``matmul`` kind: PowerSGD's M Q, M^T P, P Q^T and orthogonalisations), 0 <= . <= 1. A device gives
+            1 / (peak_flops x efficiency), its datasheet peak at the fraction a training step reaches. Default 0.
         seed: integer >= 0 seeding the jitter/straggler draws.
 
     Raises:
@@ -89,6 +97,8 @@ class ComputeModel:
     merge_coeff_s: float = 0.0
     reduce_coeff_s: float = 0.0
     update_coeff_s: float = 0.0
+    scan_coeff_s: float = 0.0
+    matmul_coeff_s: float = 0.0
     seed: int = 0
 
     def __post_init__(self):
@@ -98,7 +108,8 @@ class ComputeModel:
         _check_real("jitter_scale", self.jitter_scale, 0, MAX_JITTER_SCALE)
         _check_real("straggler_prob", self.straggler_prob, 0, 1)
         _check_real("straggler_factor", self.straggler_factor, 1, MAX_STRAGGLER_FACTOR)
-        for name in ("select_coeff_s", "merge_coeff_s", "reduce_coeff_s", "update_coeff_s"):
+        for name in ("select_coeff_s", "merge_coeff_s", "reduce_coeff_s", "update_coeff_s", "scan_coeff_s",
+                     "matmul_coeff_s"):
             _check_real(name, getattr(self, name), 0, MAX_COEFF_S)
         if self.select_scaling not in SELECT_SCALINGS:
             raise ConfigError(f"select_scaling = {self.select_scaling!r} is unknown: valid "
@@ -144,7 +155,8 @@ class ComputeModel:
         - ``"select"``: ``select_coeff_s * x * log2(x)`` (``select_scaling = "x log2 x"``) or
           ``select_coeff_s * x`` (``"x"``) with ``x = work`` elements; 0 for x <= 1 (nothing to choose from).
         - ``"merge"``: ``merge_coeff_s * work``; ``"reduce"``: ``reduce_coeff_s * work``;
-          ``"update"``: ``update_coeff_s * work``.
+          ``"update"``: ``update_coeff_s * work``; ``"scan"``: ``scan_coeff_s * work`` (work in bytes);
+          ``"matmul"``: ``matmul_coeff_s * work`` (work in FLOPs).
 
         Deterministic: depends only on the arguments and the model.
 
@@ -167,6 +179,10 @@ class ComputeModel:
             return self.merge_coeff_s * x
         if kind == "reduce":
             return self.reduce_coeff_s * x
+        if kind == "scan":
+            return self.scan_coeff_s * x
+        if kind == "matmul":
+            return self.matmul_coeff_s * x
         return self.update_coeff_s * x
 
     def seconds_all(self, kind: str, work, P: int, iteration: int):
@@ -193,5 +209,6 @@ class ComputeModel:
                 with np.errstate(divide="ignore", invalid="ignore"):
                     out = np.where(x > 1, self.select_coeff_s * x * np.log2(np.maximum(x, 1.0)), 0.0)
             return float(out) if out.ndim == 0 else out
-        coeff = {"merge": self.merge_coeff_s, "reduce": self.reduce_coeff_s, "update": self.update_coeff_s}[kind]
+        coeff = {"merge": self.merge_coeff_s, "reduce": self.reduce_coeff_s, "update": self.update_coeff_s,
+                 "scan": self.scan_coeff_s, "matmul": self.matmul_coeff_s}[kind]
         return coeff * work

@@ -27,15 +27,18 @@ the FLOPs the zoo counts (matrix multiplies and convolutions, see :mod:`sim.work
 utilisation); small models at small batches (ResNet-20 on CIFAR-10) reach much less. Change it with
 ``dataclasses.replace(get_device("A100"), efficiency=0.5)``.
 
-Selection, merge, reduction and update costs (:meth:`~sim.workloads.model.DeviceModel.costs`, the compute
-model's ``select``, ``merge``, ``reduce`` and ``update`` kinds; docs/costs-per-device.md):
+Selection, merge, reduction and update costs, and the other compressors' memory traffic and matrix products
+(:meth:`~sim.workloads.model.DeviceModel.costs`, the compute model's ``select``, ``merge``, ``reduce``, ``update``,
+``scan`` and ``matmul`` kinds; docs/costs-per-device.md):
 
 ========== ============== ================================================ ===================================
 name       memory (B/s)   source                                           costs
 ========== ============== ================================================ ===================================
 P102-100   440.3e9        GDDR5X, 320 bit, 11 Gbps (TechPowerUp GPU         the gTop-k papers' model: selection
                           database)                                        2.19e-10 s x x log2 x (their fit on
-                                                                           this GPU), merge, reduce, update 0
+                                                                           this GPU), merge, reduce, update 0;
+                                                                           scan and matmul: memory and FLOP
+                                                                           model
 V100       900e9          HBM2, NVIDIA Tesla V100 SXM2 datasheet           memory model
 A100       1555e9         HBM2, NVIDIA A100 datasheet (40 GB SXM; the      memory model
                           80 GB SXM has 2039e9)
@@ -53,6 +56,12 @@ block, not a memory-bound kernel. Where ``benchmarks/gpu_check.py`` has measured
 ``torch_select_coeff_s`` replaces the selection model: ``dataclasses.replace(get_device("H100"),
 select_coeff_s=..., cost_source="gpu_check.py on ...")``, or in a scenario ``compute.select_coeff_s``, which wins
 over any device.
+
+The compressors that run no top-k over the whole vector (rand-k, Gaussian-k, DGC's sampled selection, PowerSGD;
+:meth:`sim.algorithms.base.Algorithm.compression_work`) are charged what they do: ``scan``, bytes moved through
+memory at ``1 / (0.87 x memory bandwidth)`` seconds per byte, and ``matmul``, matrix-product FLOPs at
+``1 / (peak x efficiency)`` seconds per FLOP -- on every preset, the P102-100 included (its papers measured only
+Top-k's selection).
 """
 from __future__ import annotations
 
@@ -71,7 +80,8 @@ DEVICES: dict[str, DeviceModel] = {
         "database; the GPU of the gTop-k papers (Shi et al., ICDCS 2019; IJCAI 2019)",
         mem_bandwidth_Bps=440.3e9, select_coeff_s=2.19e-10, merge_coeff_s=0.0, reduce_coeff_s=0.0, update_coeff_s=0.0,
         cost_source="the gTop-k papers' model: their selection fit on this GPU, 2.19e-10 s x d log2 d (Shi et al., "
-                    "ICDCS 2019, released scripts); merge, reduction and update not charged"),
+                    "ICDCS 2019, released scripts); merge, reduction and update not charged; memory GDDR5X 320 bit "
+                    "11 Gbps, 440.3 GB/s (TechPowerUp GPU database) for the other compressors' bytes"),
     "V100": DeviceModel(
         "V100", 125e12, DEFAULT_EFFICIENCY,
         "NVIDIA Tesla V100 SXM2 datasheet: 125 TFLOP/s FP16 tensor core (mixed precision); FP32 is 15.7",

@@ -95,8 +95,10 @@ MAX_MEM_BANDWIDTH_BPS = 1e15
 MAX_DEVICE_COEFF_S = 1.0
 
 #: The compute kinds a device's cost model prices (forward and backward come from FLOPs or measured seconds),
-#: each with the unit of its work.
-COST_KINDS = {"select": "x log2 x", "merge": "element merged", "reduce": "element added", "update": "parameter"}
+#: each with the unit of its work: ``scan``, the bytes a compressor moves through device memory (rand-k's gathers,
+#: Gaussian-k's and DGC's threshold passes, PowerSGD's matrix reads); ``matmul``, a compressor's matrix-product FLOPs.
+COST_KINDS = {"select": "x log2 x", "merge": "element merged", "reduce": "element added", "update": "parameter",
+              "scan": "byte", "matmul": "FLOP"}
 
 
 @dataclass(frozen=True)
@@ -123,14 +125,18 @@ class DeviceModel:
     precision it trains in. efficiency: the fraction of peak a training step achieves, 0 < efficiency <= 1.
     source: where the peak comes from.
 
-    Costs (:meth:`costs`, the compute model's ``select``, ``merge``, ``reduce`` and ``update`` kinds), per kind
-    either a measured coefficient or the memory model
+    Costs (:meth:`costs`, the compute model's ``select``, ``merge``, ``reduce``, ``update``, ``scan`` and ``matmul``
+    kinds), per kind either a measured coefficient or the memory model
 
         seconds = passes x work x value_bytes / (mem_bandwidth_Bps x mem_efficiency)
 
     with passes = ``select_passes`` (selection over x elements), ``2 (value_bytes + index_bytes) / value_bytes
     + select_passes`` (merge: read both sparse inputs and write their union, then select among it),
-    :data:`REDUCE_PASSES` (dense add) and :data:`UPDATE_PASSES` (SGD update). Fields:
+    :data:`REDUCE_PASSES` (dense add) and :data:`UPDATE_PASSES` (SGD update); a compressor's memory traffic
+    (``scan``, work in bytes) costs work / (mem_bandwidth_Bps x mem_efficiency), and its matrix products
+    (``matmul``, work in FLOPs) work / (peak_flops x efficiency), the datasheet peak at the fraction a training
+    step reaches (the roofline's two terms, charged as two kinds and added: an upper bound of the roofline's
+    max, within a factor 2 of it). Fields:
 
     - mem_bandwidth_Bps: datasheet memory bandwidth (bytes/s), 0 < . <= 1e15; None: no memory model (every
       kind must then have a measured coefficient for :meth:`costs`).
@@ -143,6 +149,8 @@ class DeviceModel:
       selections. None: the memory model.
     - merge_coeff_s, reduce_coeff_s, update_coeff_s: measured seconds per element merged / added / parameter
       updated, 0 <= . <= 1; each replaces the memory model for its kind. None: the memory model.
+    - scan_coeff_s, matmul_coeff_s: measured seconds per byte scanned / per matrix-product FLOP, 0 <= . <= 1; None
+      (the presets): the memory model / the FLOP model.
     - cost_source: where mem_bandwidth_Bps and any measured coefficient come from (printed with the costs).
 
     Raises ConfigError (one line naming the field, the value and the valid range) for a value out of range.
@@ -159,6 +167,8 @@ class DeviceModel:
     merge_coeff_s: float | None = None
     reduce_coeff_s: float | None = None
     update_coeff_s: float | None = None
+    scan_coeff_s: float | None = None
+    matmul_coeff_s: float | None = None
     cost_source: str = ""
 
     def __post_init__(self):
@@ -170,7 +180,8 @@ class DeviceModel:
         check_real(f"mem_efficiency of device {self.name!r}", self.mem_efficiency, 0, 1, lo_open=True, err=ConfigError)
         check_real(f"select_passes of device {self.name!r}", self.select_passes, MIN_SELECT_PASSES, MAX_SELECT_PASSES,
                    err=ConfigError)
-        for f in ("select_coeff_s", "merge_coeff_s", "reduce_coeff_s", "update_coeff_s"):
+        for f in ("select_coeff_s", "merge_coeff_s", "reduce_coeff_s", "update_coeff_s", "scan_coeff_s",
+                  "matmul_coeff_s"):
             if getattr(self, f) is not None:
                 check_real(f"{f} of device {self.name!r}", getattr(self, f), 0, MAX_DEVICE_COEFF_S, err=ConfigError)
 
@@ -201,26 +212,46 @@ class DeviceModel:
             return float(UPDATE_PASSES)
         raise ConfigError(f"kind = {kind!r} has no device cost: valid kinds are {', '.join(COST_KINDS)}")
 
-    def costs(self, value_bytes: int = 4, index_bytes: int = 4) -> dict[str, KindCost]:
+    def costs(self, value_bytes: int = 4, index_bytes: int = 4, kinds=None) -> dict[str, KindCost]:
         """The cost of each of :data:`COST_KINDS` on this device: kind -> :class:`KindCost`.
 
-        A kind with a measured coefficient (``select_coeff_s``: per x log2 x; the others: per element) gets it;
+        A kind with a measured coefficient (``select_coeff_s``: per x log2 x; the others: per unit of work) gets it;
         the others the memory model, coeff_s = passes(kind) x value_bytes / (mem_bandwidth_Bps x mem_efficiency)
-        seconds per element (scaling ``"x"``). value_bytes: bytes per value (1..16), index_bytes: per index
-        (0..16), as the scenario's compression.value_bytes / index_bytes. Raises ConfigError when a kind has
-        neither a coefficient nor a memory bandwidth, or for bytes out of range.
+        seconds per element (scaling ``"x"``); ``scan``: 1 / (mem_bandwidth_Bps x mem_efficiency) seconds per byte;
+        ``matmul``: 1 / (peak_flops x efficiency) seconds per FLOP (class docstring). value_bytes: bytes per value (1..16), index_bytes: per index
+        (0..16), as the scenario's compression.value_bytes / index_bytes. kinds: the kinds to price, in
+        :data:`COST_KINDS` order (None: all). Raises ConfigError when a kind asked for has neither a coefficient nor
+        a memory bandwidth, for an unknown kind, or for bytes out of range.
         """
         out = {}
-        for kind in COST_KINDS:
+        if kinds is not None:
+            unknown = [k for k in kinds if k not in COST_KINDS]
+            if unknown:
+                raise ConfigError(f"kind = {unknown[0]!r} has no device cost: valid kinds are {', '.join(COST_KINDS)}")
+        for kind in COST_KINDS if kinds is None else [k for k in COST_KINDS if k in kinds]:
             measured = getattr(self, f"{kind}_coeff_s")
             if measured is not None:
                 scaling = "x log2 x" if kind == "select" else "x"
                 out[kind] = KindCost(float(measured), scaling, f"{float(measured):.3g} s x {scaling}",
                                      f"{self.name}, measured: {self.cost_source}")
                 continue
+            if kind == "matmul":
+                c = 1.0 / self.flops_per_s
+                out[kind] = KindCost(c, "x", f"1 FLOP / ({self.peak_flops:.4g} FLOP/s x {self.efficiency:g}) = {c:.3g} "
+                                             "s x FLOPs",
+                                     f"{self.name} FLOP model: {self.source}; matrix products at the training "
+                                     "step's fraction of peak")
+                continue
             if self.mem_bandwidth_Bps is None:
                 raise ConfigError(f"device {self.name!r} has no {kind}_coeff_s and no mem_bandwidth_Bps: valid a "
                                   f"measured {kind}_coeff_s or a memory bandwidth 0 < mem_bandwidth_Bps <= 1e15 bytes/s")
+            if kind == "scan":
+                c = 1.0 / self.mem_Bps
+                out[kind] = KindCost(c, "x", f"1 B / ({self.mem_efficiency:g} x {self.mem_bandwidth_Bps:.3g} B/s) = "
+                                             f"{c:.3g} s x bytes",
+                                     f"{self.name} memory model: {self.cost_source}; a compressor's bytes read or "
+                                     "written (per algorithm, docs/costs-per-device.md)")
+                continue
             p = self.passes(kind, value_bytes, index_bytes)
             c = p * value_bytes / self.mem_Bps
             out[kind] = KindCost(c, "x", f"{p:.3g} passes x {value_bytes} B / ({self.mem_efficiency:g} x "
