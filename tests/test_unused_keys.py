@@ -270,8 +270,9 @@ def test_torch_run_warns_about_the_simulators_keys_it_was_given(tmp_path):
 # ------------------------------------------------------------------ cost_kinds against what the numerics charge
 
 def _charged(name, coll, network):
-    """The compute kinds (select, merge, reduce) that change the simulated time of ``name`` at collective ``coll``:
-    each coefficient set to 1e-3 s per unit in turn on the built run, bypassing the scenario's refusal."""
+    """The compute kinds (select, merge, reduce, scan, matmul) that change the simulated time of ``name`` at
+    collective ``coll``: each coefficient set to 1e-3 s per unit in turn on the built run, bypassing the scenario's
+    refusal."""
     from experiments.algorithm_pool import run_algorithms
     from experiments.build import build
 
@@ -287,7 +288,7 @@ def _charged(name, coll, network):
 
     plain, model = sim_time(), b.compute
     out = set()
-    for kind in ("select", "merge", "reduce"):
+    for kind in ("select", "merge", "reduce", "scan", "matmul"):
         if sim_time(**{f"{kind}_coeff_s": 1e-3}) != plain:
             out.add(kind)
         b.compute = model

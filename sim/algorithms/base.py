@@ -288,7 +288,8 @@ class Algorithm:
     #: largest magnitude, so checking the selected values suffices)
     hook_checks_all: ClassVar[bool] = True
     #: the compute kinds its exchange charges (:class:`sim.base.ops.Compute` in the numerics, :class:`sim.comm.rounds.Work`
-    #: in :meth:`fast_rounds`), a subset of ``select``, ``merge``, ``reduce``; every algorithm is also charged
+    #: in :meth:`fast_rounds`), a subset of ``select``, ``merge``, ``reduce``, ``scan``, ``matmul`` (the last two from
+    #: :meth:`compression_work`); every algorithm is also charged
     #: ``forward_backward`` and ``update`` by :func:`sgd_step`. A scenario's compute.*_coeff_s key of a kind that no
     #: algorithm of the run charges is an error (experiments.scenario). Default: all three (never a false refusal);
     #: tests/test_unused_keys.py checks each declaration against what the numerics charge.
@@ -379,11 +380,35 @@ class Algorithm:
         (alpha s, beta s/byte); ``cluster`` (a ClusterSpec) for hierarchical collectives."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ compression cost
+    def compression_work(self, spec: "AlgorithmSpec", d_b: int, k_b: int | None) -> tuple[tuple[str, float], ...]:
+        """What compressing a segment of ``d_b`` elements to ``k_b`` entries (None for an algorithm without k)
+        costs, as the compute operations it charges before (or, for PowerSGD, between) its collective's messages:
+        a tuple of (kind, work), kind one of :data:`sim.base.ops.COMPRESSION_KINDS` (``select``: elements scanned by
+        a top-k selection; ``scan``: bytes moved through device memory; ``matmul``: matrix-product FLOPs), in the
+        order they are charged. One definition for every engine: the numerics' :meth:`exchange` and the
+        timing-only :meth:`fast_rounds` yield these operations, and the iteration timeline charges their seconds
+        before each bucket's collective (sim/engine/timeline.py, every policy), so the three agree.
+
+        Default: a top-k selection over the segment, ``(("select", d_b),)`` (Top-k, gTop-k, and the successors
+        that run one), and nothing for an algorithm without k (dense). Overridden by the algorithms that do not run
+        a top-k over the whole segment: rand-k, Gaussian-k, DGC (sampled selection), PowerSGD (docs/costs-per-device.md,
+        "Compression per algorithm"). Work depends only on (spec, d_b, k_b), never on the values: a data-dependent
+        count (Gaussian-k's threshold evaluations, DGC's adaptation) is charged at its stated bound."""
+        return (("select", d_b),) if self.sparse else ()
+
     # ------------------------------------------------------------------ timeline
     def payload_bytes(self, spec: "AlgorithmSpec", numel: int, k: int | None) -> int:
         """Bytes one rank contributes to an exchange of ``numel`` elements (trace annotation): k (value + index)
         bytes for a sparse algorithm by default."""
         return int(k) * (spec.value_bytes + spec.index_bytes)
+
+
+#: Bytes a GPU moves to read or write one value at a random position: one 32-byte DRAM sector (the memory
+#: transaction granularity of NVIDIA GPUs since Maxwell: CUDA C++ Best Practices Guide, "Coalesced Access to Global
+#: Memory"; Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking", 2018). The gathers of
+#: :meth:`Algorithm.compression_work` (rand-k's k values, DGC's sample) are priced at it.
+GATHER_SECTOR_BYTES = 32
 
 
 

@@ -46,9 +46,13 @@ engine and the closed form (Top-k's allgather, :func:`sim.comm.costs.topk_allgat
 worker and no warm-up: after the warm-up an upper bound of the sampled selection's traffic, during it a lower
 bound (the warm-up sends more).
 
-Compute: one ``select`` operation over d_b entries per segment, as Top-k's and Gaussian-k's (sim/base/ops.py has
-no linear-scan kind; the sampled rule's extra filtering passes, :func:`sampled_select`'s ``passes``, are not
-charged separately); the O(d) momentum update has no kind of its own either, as error feedback's addition.
+Compute (:meth:`DGC.compression_work`): exact selection is Top-k's, one ``select`` over d_b entries. The sampled
+selection runs the top-k on the sample only, ``select`` over num_samples (:func:`sample_layout`), and the rest as
+``scan`` bytes over the segment: |v| (a read and a write), the threshold filter (``torch.ge``: a read and a one-byte
+mask written; ``nonzero``: the mask read), the sample gathered at its stride (a 32-byte sector per sample, when the
+segment is sampled) and the k selected values gathered and written; the adaptation's re-filters and resample
+(data-dependent, :func:`sampled_select`'s ``passes``) are not charged: the first filter is the bound the timing
+uses. The O(d) momentum correction has no kind of its own, as error feedback's addition.
 
 Other deviations from the official code (docs/algorithms/dgc.md): it compresses only tensors of dimension > 1
 (train.py; biases and norms go through a dense allreduce with plain momentum), here every segment is
@@ -69,7 +73,7 @@ import numpy as np
 
 from sim.comm.compression import Sparse, topk, topk_select_indices
 from sim.base.errors import ConfigError
-from sim.algorithms.base import Option, register
+from sim.algorithms.base import GATHER_SECTOR_BYTES, Option, register
 from sim.algorithms.topk import AllgatherSparse
 
 __all__ = ["DGC", "DGC_STREAM", "PAPER_WARMUP_DENSITIES", "sample_layout", "sampled_select", "warmup_k",
@@ -275,8 +279,25 @@ class DGC(AllgatherSparse):
                                        "0.25, 0.0625, 0.015625, 0.004, then k / d)", kind=tuple),
     }
 
+    cost_kinds = ("select", "scan", "reduce")  # top-k (of the sample, or exact), the filter's bytes, the allgather's sum
+
     def scenario_settings(self, compression):
         return {}  # its collective is set in [algorithm.dgc]
+
+    def compression_work(self, spec, d_b, k_b):
+        """selection = "exact": Top-k's, ``(("select", d_b),)``. selection = "sampled" (module docstring, the
+        official ``_sparsify``): ``(("select", n_s), ("scan", d_b (3 vb + 2) + [n_s 32 if sampled] + k_b (32 +
+        vb)))`` with n_s the sample of :func:`sample_layout` at density k_b / d_b (the whole segment when it is
+        small, then nothing is gathered for it) and vb = value_bytes: a top-k of the sample, |v| (2 vb), the first
+        threshold filter (vb read, a one-byte mask written and read), the strided sample (a 32-byte sector each), the
+        k_b values gathered (a sector each) and written. The warm-up's larger k (iterations <= warmup_iters x stages)
+        is not charged, as the timing-only mode's k."""
+        if spec.opt("selection") == "exact":
+            return (("select", d_b),)
+        d_b, k_b, vb = int(d_b), int(k_b), spec.value_bytes
+        n_s, _, _ = sample_layout(d_b, k_b / d_b, spec.opt("sample_ratio"))
+        gathered = n_s * GATHER_SECTOR_BYTES if d_b > n_s else 0
+        return (("select", n_s), ("scan", d_b * (3 * vb + 2) + gathered + k_b * (GATHER_SECTOR_BYTES + vb)))
 
     #: the options only the sampled threshold's adaptation reads (:func:`sampled_select`)
     ADAPTATION_OPTIONS = ("compress_upper_bound", "compress_lower_bound", "resample")

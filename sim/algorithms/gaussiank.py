@@ -29,9 +29,12 @@ The count n actually selected varies per step and rank: :attr:`sim.algorithms.Ex
 (StepOutput.n_selected; summed over segments), the numerics send exactly those entries (the wire bytes in
 metrics.csv are the real ones). The timing-only mode, the fast engine and the closed form assume exactly k
 entries per rank (Top-k's allgather of k entries): the data-dependent count has no timing-only model.
-Compute: costed as one ``select`` over d_b elements, like Top-k's selection (sim.base.ops has no linear-scan kind;
-Gaussian-k's work is 2 + (evaluations) O(d_b) passes, cheaper than the c x log2 x the compute model charges a
-``select``).
+Compute (:meth:`GaussianK.compression_work`): no top-k, but passes over the segment, charged as ``scan`` bytes
+(d_b (4 value_bytes + loops (value_bytes + 2)) + k_b (32 + value_bytes)): the statistics (``torch.std`` and
+``torch.mean``, one read each), ``torch.abs`` (a read and a write), each threshold evaluation (``abs_tensor > t``:
+a read and a one-byte mask written; ``nonzero``: the mask read), and the k selected values gathered (one 32-byte
+sector each) and written. The evaluations are charged at ``loops``, the most the code runs (it stops early when the
+count is within [2k/3, 4k/3]; the count is data-dependent, the timing is not).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.comm.compression import Sparse
-from sim.algorithms.base import Option, register
+from sim.algorithms.base import GATHER_SECTOR_BYTES, Option, register
 from sim.algorithms.topk import AllgatherSparse
 
 __all__ = ["GaussianK", "GaussianSelection", "gaussian_threshold", "gaussiank_select", "gaussian_stats"]
@@ -142,6 +145,17 @@ class GaussianK(AllgatherSparse):
         "loops": Option(3, "threshold evaluations at most (the code's GaussianCompressor: 3, GaussianCompressor2: 5)",
                         kind=int, lo=1, hi=100),
     }
+
+    cost_kinds = ("scan", "reduce")  # the statistics and threshold passes (no selection), and the allgather's sum
+
+    def compression_work(self, spec, d_b, k_b):
+        """``(("scan", d_b (4 vb + loops (vb + 2)) + k_b (32 + vb)),)`` bytes (vb = value_bytes; module docstring):
+        mean and std (2 vb per element), abs (2 vb), ``loops`` threshold evaluations (read |u|: vb; write and read
+        the one-byte mask: 2), the k_b values gathered (a 32-byte sector each) and written (vb). With vb = 4 and
+        loops = 3: 8.5 passes of 4 bytes over d_b, against a top-k selection's SELECT_PASSES = 9 on the memory
+        model."""
+        vb, loops = spec.value_bytes, spec.opt("loops")
+        return (("scan", int(d_b) * (4 * vb + loops * (vb + 2)) + int(k_b) * (GATHER_SECTOR_BYTES + vb)),)
 
     def select(self, spec, acc, k, ctx):
         return gaussiank_select(acc, k, spec.opt("loops")).sel

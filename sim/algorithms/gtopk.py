@@ -52,7 +52,8 @@ class GTopK(Algorithm):
         return spec.mask == "reference"
 
     def exchange(self, spec, acc, k, ctx):
-        yield Compute("select", acc.shape[0])
+        for kind, work in self.compression_work(spec, acc.shape[0], k):  # its top-k selection
+            yield Compute(kind, work)
         sel = topk(acc, k)
         res = yield from gtopk_collective(spec, ctx.rank, ctx.P, sel, k)
         new_res = acc.copy()
@@ -62,7 +63,8 @@ class GTopK(Algorithm):
         return Exchange(res.g.to_dense(), new_res, len(sel), int(res.applied.sum()))
 
     def fast_rounds(self, spec, P, d, it, G):
-        yield V.Work("select", d)
+        for kind, work in self.compression_work(spec, d, spec.k):  # its top-k selection
+            yield V.Work(kind, work)
         R = np.arange(P, dtype=np.int64)
         k = spec.k
         s_el = spec.value_bytes + spec.index_bytes

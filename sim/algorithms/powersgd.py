@@ -60,10 +60,13 @@ Collectives: ``ring`` (default) or ``recursive_doubling`` allreduces (:func:`sim
 ``rd_allreduce``) of the flattened P and Q (and of an uncompressed segment). Cost of a compressed segment
 (contention-free, zero compute; :func:`sim.comm.costs.powersgd_time`): two allreduces of rows r and cols r values
 (torch's view: one allreduce of the uncompressed tensors, if any, then the P and Q of all compressed tensors).
-Compute: the three products M Q, M^T P and P Q^T are ``reduce`` work of n r each (no compute kind models a dense
-product; ``reduce``, a dense addition per element, is the closest), plus the orthogonalisation of Q and of P
-(cols r^2 and rows r^2) added to the first two. The timing-only mode, the fast engine and the closed form model a
-compressed iteration (t > start_iter).
+Compute (:func:`stage_work`, :meth:`PowerSGD.compression_work`): each of the three products M Q, M^T P and P Q^T
+of a rows x cols matrix is ``matmul`` work of 2 rows cols r FLOPs, the orthogonalisations of Q and of P
+2 cols r^2 and 2 rows r^2 FLOPs, each charged where powersgd_bucket runs it; with each, its memory traffic as
+``scan`` bytes (every product reads M or writes P Q^T, rows cols values, and its r-column operands; Gram-Schmidt
+reads and writes n r (5 r + 1) / 2 values): the roofline's two terms, added. At rank 1 a product makes 2 FLOPs per
+4-byte value read, so the bytes dominate on every device (an H100: 1.4 ps per value read against 5 fs of FLOPs). The
+timing-only mode, the fast engine and the closed form model a compressed iteration (t > start_iter).
 
 State (``ctx.state["powersgd"]``, per worker): ``rng`` (numpy ``RandomState(spec.seed)``, torch's ``state.rng``) and
 ``q``: segment index -> the list of Q matrices (warm start; an empty list for a segment with nothing to compress).
@@ -85,7 +88,7 @@ from sim.base.errors import ConfigError
 from sim.base.ops import Compute
 from sim.algorithms.base import Algorithm, Exchange, Option, register
 
-__all__ = ["PowerSGD", "matrix_shape", "effective_rank", "should_compress", "Entry", "Plan", "bucket_plan",
+__all__ = ["PowerSGD", "stage_work", "matrix_shape", "effective_rank", "should_compress", "Entry", "Plan", "bucket_plan",
            "segment_plan", "tensor_plan", "parse_shapes", "VARIANTS", "powersgd_bucket", "matmul", "orthogonalize",
            "torch_sum", "TorchNormal", "SEED_BOUND"]
 
@@ -447,6 +450,39 @@ def _matrix(acc: np.ndarray, e: Entry) -> np.ndarray:
     return x.reshape(e.rows, e.cols)
 
 
+def _gram_schmidt_values(n: int, r: int) -> int:
+    """Values Gram-Schmidt on an (n, r) matrix reads or writes (:func:`orthogonalize`): per column its norm (read)
+    and scaling (read, write), per pair of columns a dot product (two reads) and an update (two reads, a write):
+    n r (5 r + 1) / 2 (an integer: r (5 r + 1) is even)."""
+    return n * r * (5 * r + 1) // 2
+
+
+def stage_work(plan: Plan, value_bytes: int) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """The compute of :func:`powersgd_bucket` on ``plan`` at ``value_bytes`` per value, as its three stages of
+    (kind, work) operations: before the P allreduce (orthogonalise Q, P = M Q), before the Q allreduce
+    (orthogonalise P, Q = M^T P) and after it (D = P Q^T). Each stage is ``(("matmul", FLOPs), ("scan", bytes))``
+    summed over the compressed entries (rows m, cols n, rank r):
+
+    - stage 1: 2 n r^2 + 2 m n r FLOPs; (n r (5 r + 1) / 2 + m n + n r + m r) value_bytes bytes;
+    - stage 2: 2 m r^2 + 2 m n r FLOPs; (m r (5 r + 1) / 2 + m n + m r + n r) value_bytes bytes;
+    - stage 3: 2 m n r FLOPs; (m r + n r + m n) value_bytes bytes.
+
+    A product of an (m, n) by an (n, r) matrix is m n r multiply-adds, 2 FLOPs each; its bytes read both operands
+    and write the result once. Empty stages (no compressed entry): ``((), (), ())``."""
+    comp = plan.compressed
+    if not comp:
+        return (), (), ()
+    vb = int(value_bytes)
+    gs = _gram_schmidt_values
+    s1 = (("matmul", sum(2 * e.cols * e.r * e.r + 2 * e.rows * e.cols * e.r for e in comp)),
+          ("scan", vb * sum(gs(e.cols, e.r) + e.rows * e.cols + e.cols * e.r + e.rows * e.r for e in comp)))
+    s2 = (("matmul", sum(2 * e.rows * e.r * e.r + 2 * e.rows * e.cols * e.r for e in comp)),
+          ("scan", vb * sum(gs(e.rows, e.r) + e.rows * e.cols + e.rows * e.r + e.cols * e.r for e in comp)))
+    s3 = (("matmul", sum(2 * e.rows * e.cols * e.r for e in comp)),
+          ("scan", vb * sum(e.rows * e.r + e.cols * e.r + e.rows * e.cols for e in comp)))
+    return s1, s2, s3
+
+
 def powersgd_bucket(rank: int, P: int, acc: np.ndarray, plan: Plan, memory: dict, key, rng, *,
                     epsilon: float = 0.0, warm_start: bool = True, allreduce=None, value_bytes: int = 8):
     """Sans-I/O program: one PowerSGD exchange of a bucket (torch's ``powerSGD_hook`` after
@@ -459,7 +495,8 @@ def powersgd_bucket(rank: int, P: int, acc: np.ndarray, plan: Plan, memory: dict
     first call, and every call without warm start -- whether or not it has a tensor to compress, as torch's hook
     draws (``need_randomize_qs``);
     allreduce: callable x -> sans-I/O program returning the sum over ranks of x (default: ring allreduce of
-    ``value_bytes`` per value). Order: the products M Q, the uncompressed allreduce, the P allreduce, M^T P, the
+    ``value_bytes`` per value); value_bytes also sizes the compute's memory traffic (:func:`stage_work`, yielded
+    as Compute operations between the messages). Order: the products M Q, the uncompressed allreduce, the P allreduce, M^T P, the
     Q allreduce, P Q^T (torch's future chain).
 
     Returns (avg, g): avg (n,), the decompressed average D every worker applies (torch's output bucket);
@@ -472,6 +509,7 @@ def powersgd_bucket(rank: int, P: int, acc: np.ndarray, plan: Plan, memory: dict
     avg = np.empty_like(acc)
     g = np.empty_like(acc)
     comp = plan.compressed
+    stages = stage_work(plan, value_bytes)
     mats = [_matrix(acc, e) for e in comp]
     if not warm_start or memory.get(key) is None:
         # torch draws the bucket's seed whenever it (re)initialises the bucket's Q memory, also for a bucket with
@@ -483,7 +521,8 @@ def powersgd_bucket(rank: int, P: int, acc: np.ndarray, plan: Plan, memory: dict
     if comp:
         for q in qs:
             orthogonalize(q, epsilon)
-        yield Compute("reduce", sum(e.rows * e.cols * e.r + e.cols * e.r * e.r for e in comp))
+        for kind, work in stages[0]:
+            yield Compute(kind, work)
         ps = [matmul(M, q) for M, q in zip(mats, qs)]
     if plan.uncompressed:
         u = np.concatenate([acc[e.offset:e.offset + e.numel] for e in plan.uncompressed])
@@ -500,7 +539,8 @@ def powersgd_bucket(rank: int, P: int, acc: np.ndarray, plan: Plan, memory: dict
         for e in comp:
             ps.append(orthogonalize(p_all[i:i + e.rows * e.r].reshape(e.rows, e.r).copy(), epsilon))
             i += e.rows * e.r
-        yield Compute("reduce", sum(e.rows * e.cols * e.r + e.rows * e.r * e.r for e in comp))
+        for kind, work in stages[1]:
+            yield Compute(kind, work)
         qs = [matmul(M.T, p) for M, p in zip(mats, ps)]
         q_all = yield from allreduce(np.concatenate([q.ravel() for q in qs]))
         q_all = q_all / dt.type(P)
@@ -508,7 +548,8 @@ def powersgd_bucket(rank: int, P: int, acc: np.ndarray, plan: Plan, memory: dict
         for e in comp:
             qs.append(q_all[i:i + e.cols * e.r].reshape(e.cols, e.r).copy())
             i += e.cols * e.r
-        yield Compute("reduce", sum(e.rows * e.cols * e.r for e in comp))
+        for kind, work in stages[2]:
+            yield Compute(kind, work)
         for e, p, q in zip(comp, ps, qs):
             D = matmul(p, q.T).ravel()[:e.numel]
             avg[e.offset:e.offset + e.numel] = D
@@ -579,7 +620,7 @@ class PowerSGD(Algorithm):
     collectives = ("ring", "recursive_doubling")
     sparse = False
     uses_seed = True
-    cost_kinds = ("reduce",)  # the matrix products, charged as reductions (and the allreduces' additions)
+    cost_kinds = ("matmul", "scan", "reduce")  # the products' FLOPs and bytes (stage_work), the allreduces' additions
     summary = ("PowerSGD: rank-r power-iteration compression per segment matrix (near-square, or per tensor as torch's "
                "hook: variant), P and Q allreduced")
     source = ("Vogels, Karimireddy and Jaggi, NeurIPS 2019, Algorithm 1 (error feedback, warm start); "
@@ -701,7 +742,8 @@ class PowerSGD(Algorithm):
         plan = self.plan(spec, n, ctx.lo)
         avg, g = yield from powersgd_bucket(
             ctx.rank, ctx.P, acc, plan, st["q"], ctx.segment, st["rng"],
-            epsilon=spec.opt("orthogonalization_epsilon"), warm_start=spec.opt("warm_start"), allreduce=allreduce)
+            epsilon=spec.opt("orthogonalization_epsilon"), warm_start=spec.opt("warm_start"), allreduce=allreduce,
+            value_bytes=spec.value_bytes)
         sent = plan.u_size + plan.p_size + plan.q_size
         return Exchange(g, acc - avg, sent, sent)
 
@@ -718,15 +760,25 @@ class PowerSGD(Algorithm):
 
         plan = self.plan(spec, d)
         comp = plan.compressed  # the operations of powersgd_bucket, in its order
-        if comp:
-            yield V.Work("reduce", sum(e.rows * e.cols * e.r + e.cols * e.r * e.r for e in comp))
+        stages = stage_work(plan, spec.value_bytes)
+        for kind, work in stages[0]:
+            yield V.Work(kind, work)
         if plan.uncompressed:
             yield from allreduce(plan.u_size)
         if comp:
             yield from allreduce(plan.p_size)
-            yield V.Work("reduce", sum(e.rows * e.cols * e.r + e.rows * e.r * e.r for e in comp))
+            for kind, work in stages[1]:
+                yield V.Work(kind, work)
             yield from allreduce(plan.q_size)
-            yield V.Work("reduce", sum(e.rows * e.cols * e.r for e in comp))
+            for kind, work in stages[2]:
+                yield V.Work(kind, work)
+
+    def compression_work(self, spec, d_b, k_b):
+        """The three stages of :func:`stage_work` on the plan of a d_b-element segment (:meth:`plan`), in order:
+        matmul FLOPs and scan bytes of the orthogonalisations and the products M Q, M^T P, P Q^T (k_b unused:
+        PowerSGD has no k). The numerics and :meth:`fast_rounds` charge the stages between the allreduces; the
+        iteration timeline charges their sum before the bucket's collective (one stream: the same total)."""
+        return tuple(op for stage in stage_work(self.plan(spec, d_b), spec.value_bytes) for op in stage)
 
     def closed_form_s(self, spec, P, d, alpha, beta, cluster=None):
         from sim.comm import costs

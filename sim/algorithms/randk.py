@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.comm.compression import randk
-from sim.algorithms.base import register
+from sim.algorithms.base import GATHER_SECTOR_BYTES, register
 from sim.algorithms.topk import AllgatherSparse
 
 #: Stream tag appended to ``[seed, rank, iteration]`` for the rand-k coordinate draw ("RAND" in ASCII).
@@ -27,6 +27,16 @@ class RandK(AllgatherSparse):
     uses_seed = True
     predict_default = False  # its allgather costs what Top-k's does
     source = "Stich, Cordonnier and Jaggi, NeurIPS 2018 (Mem-SGD), Algorithm 1 with rand-k"
+    cost_kinds = ("scan", "reduce")  # the draw and gather of k entries (no selection), and the allgather's sum
+
+    def compression_work(self, spec, d_b, k_b):
+        """Rand-k reads only what it sends: ``(("scan", k_b (2 index_bytes + 32 + value_bytes)),)`` bytes -- per
+        drawn coordinate its index written by the generator and read back (2 index_bytes), its value gathered from
+        a random position (one 32-byte sector, :data:`~sim.algorithms.base.GATHER_SECTOR_BYTES`) and written to the
+        message (value_bytes). Independent of d_b: the draw of k of d_b without replacement is O(k) (numpy's
+        ``Generator.choice`` runs Floyd's algorithm for k <= d / 50; one by ``torch.randperm(d)[:k]``, as GRACE's,
+        would scan d). The generator's arithmetic and the sort of the k indices are not charged."""
+        return (("scan", int(k_b) * (2 * spec.index_bytes + GATHER_SECTOR_BYTES + spec.value_bytes)),)
 
     hook_combine = "sum"
 

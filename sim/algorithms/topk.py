@@ -19,7 +19,9 @@ from sim.algorithms.base import Algorithm, Exchange, register
 
 class AllgatherSparse(Algorithm):
     """Shared shape of the algorithms that allgather each worker's own k-entry selection and sum it
-    (Top-k, rand-k): subclasses define :meth:`select`."""
+    (Top-k, rand-k, Gaussian-k, DGC): subclasses define :meth:`select`, and their compression cost
+    (:meth:`~sim.algorithms.base.Algorithm.compression_work`, charged before the selection) where it is not a
+    top-k's."""
 
     trace_name = "allgather"
     collectives = ("allgather", "hierarchical")
@@ -33,7 +35,8 @@ class AllgatherSparse(Algorithm):
         raise NotImplementedError
 
     def exchange(self, spec, acc, k, ctx):
-        yield Compute("select", acc.shape[0])
+        for kind, work in self.compression_work(spec, acc.shape[0], k):
+            yield Compute(kind, work)
         sel = self.select(spec, acc, k, ctx)
         vb, ib = spec.value_bytes, spec.index_bytes
         if spec.collective == "hierarchical":
@@ -45,7 +48,8 @@ class AllgatherSparse(Algorithm):
         return Exchange(g, res, len(sel), len(sel))
 
     def fast_rounds(self, spec, P, d, it, G):
-        yield V.Work("select", d)
+        for kind, work in self.compression_work(spec, d, spec.k):
+            yield V.Work(kind, work)
         R = np.arange(P, dtype=np.int64)
         s_el = spec.value_bytes + spec.index_bytes
         if spec.collective == "hierarchical":

@@ -8,9 +8,12 @@ One synchronous S-SGD iteration on P ranks, as PyTorch DDP, Horovod and the spar
   per-layer times times the compute model's per-(rank, iteration) factor (jitter, stragglers:
   :meth:`sim.machine.compute.ComputeModel.forward_backward_factor`).
 - **communication stream** (per rank): the communication operations in a fixed order. An operation is a
-  *bucket* (a group of parameter tensors): for a sparse algorithm its selection (``select_coeff_s``
-  x log2 x over the bucket's x elements) runs on this stream as soon as the bucket's gradients are ready and
-  the previous operation is over (a comm hook runs it before launching the collective); the collective starts
+  *bucket* (a group of parameter tensors): the algorithm's compression of the bucket
+  (:func:`compression_s`: the operations of :meth:`sim.algorithms.base.Algorithm.compression_work` -- a top-k
+  selection, ``select_coeff_s`` x log2 x over the bucket's x elements, for Top-k and gTop-k; rand-k's gathers,
+  Gaussian-k's and DGC's passes, PowerSGD's matrix products for the others; nothing for dense) runs on this stream
+  as soon as the bucket's gradients are ready and the previous operation is over (a comm hook runs it before
+  launching the collective); the collective starts
   when every rank has its input ready (it is synchronous across ranks) and lasts what the cluster simulation
   of that collective alone says (:func:`sim.engine.timing.simulate_timing`, the same engines and the same
   collectives as everything else; operations of one stream never overlap, as NCCL ops on one stream and
@@ -40,10 +43,10 @@ Policies (:class:`TimelinePolicy`):
   bucket is ready and resumes when the collective ends, so later buckets are ready later by the stalls (which
   count as exposed communication).
 
-Metrics of an iteration (rank 0): compute (forward + backward + update), compress (selection), comm (the sum
-of the collectives' durations), exposed communication = iteration time - compute (everything rank 0 waits
-for after its own work: collectives and selections not hidden behind backward, and slower ranks), overlap
-ratio = 1 - exposed / (comm + compress), clipped to [0, 1] (0 when nothing is communicated).
+Metrics of an iteration (rank 0): compute (forward + backward + update), compress (selection or another
+compression), comm (the sum of the collectives' durations), exposed communication = iteration time - compute
+(everything rank 0 waits for after its own work: collectives and selections not hidden behind backward, and slower
+ranks), overlap ratio = 1 - exposed / (comm + compress), clipped to [0, 1] (0 when nothing is communicated).
 
 :func:`chrome_trace` writes chosen iterations in the Chrome trace event format (Perfetto, chrome://tracing).
 """
@@ -62,7 +65,8 @@ from sim.base.errors import ConfigError, check_int, check_real
 from sim.workloads.model import DeviceModel, Workload
 
 __all__ = ["DENSE_POLICIES", "SPARSE_POLICIES", "TimelinePolicy", "Bucket", "ddp_buckets", "layer_buckets",
-           "whole_model_bucket", "horovod_fusion", "CollectiveTimer", "IterationTimeline", "TimelineResult",
+           "whole_model_bucket", "horovod_fusion", "CollectiveTimer", "compression_s", "IterationTimeline",
+           "TimelineResult",
            "simulate_timeline", "chrome_trace", "bucket_k", "TimelineClock", "flat_segments"]
 
 #: Dense policies: DDP buckets overlapped with backward, Horovod tensor fusion, or one allreduce after backward.
@@ -246,7 +250,8 @@ class CollectiveTimer:
     """Seconds of one collective of ``spec`` over ``numel`` elements on the cluster, simulated alone and cached.
 
     Runs :func:`sim.engine.timing.simulate_timing` for one iteration with a compute model that keeps only the
-    collective's own compute (merge and reduce coefficients) and no forward/backward, selection or update,
+    collective's own compute (merge and reduce coefficients) and no forward/backward, compression
+    (:data:`sim.base.ops.COMPRESSION_KINDS`: select, scan, matmul; :func:`compression_s` charges them) or update,
     so the result is the collective's time on that engine. network: a NetworkSpec or ClusterSpec with P ranks.
     """
 
@@ -254,7 +259,7 @@ class CollectiveTimer:
         self.P, self.network, self.engine = P, network, engine
         base = compute or ComputeModel()
         self.compute = dataclasses.replace(base, forward_backward_s=0.0, select_coeff_s=0.0, update_coeff_s=0.0,
-                                           jitter="none", jitter_scale=0.0, straggler_prob=0.0, straggler_factor=1.0)
+                                           scan_coeff_s=0.0, matmul_coeff_s=0.0, jitter="none", jitter_scale=0.0, straggler_prob=0.0, straggler_factor=1.0)
         self._cache: dict = {}
 
     def _run(self, spec: AlgorithmSpec, numel: int) -> tuple[float, float]:
@@ -274,6 +279,17 @@ class CollectiveTimer:
     def wire_bytes(self, spec: AlgorithmSpec, numel: int) -> float:
         """Bytes the collective puts on the wire per rank (the mean over ranks, as metrics.csv's bytes_sent)."""
         return self._run(spec, numel)[1]
+
+
+def compression_s(compute: ComputeModel, spec: AlgorithmSpec, numel: int, k: int | None, iteration: int = 1) -> float:
+    """Seconds one rank spends compressing a bucket of ``numel`` elements to ``k`` entries (None for an algorithm
+    without k) before its collective: the sum, in order, of ``compute.seconds(kind, work, 0, iteration)`` over
+    ``spec.algorithm.compression_work(spec, numel, k)`` (0.0 when it is empty: dense; a top-k's one ``select`` gives
+    exactly ``compute.seconds("select", numel, 0, iteration)``). The same operations the numerics and the fast
+    engine charge (:meth:`sim.algorithms.base.Algorithm.compression_work`), so the timeline of one bucket agrees
+    with them. Raises SparsimError as ComputeModel.seconds does."""
+    return sum((compute.seconds(kind, work, 0, iteration) for kind, work in
+                spec.algorithm.compression_work(spec, numel, k)), 0.0)
 
 
 @dataclass
@@ -297,7 +313,7 @@ class TimelineResult:
     """Per-iteration times of a timeline simulation (all float arrays (iterations,), seconds, rank 0 except
     iter_s, which is the slowest rank's finish).
 
-    compute_s: forward + backward + update; compress_s: selection time; comm_s: sum of the collectives'
+    compute_s: forward + backward + update; compress_s: compression time (:func:`compression_s`); comm_s: sum of the collectives'
     durations; exposed_comm_s: iter_s - compute_s; overlap_ratio: 1 - exposed / (comm + compress) in [0, 1]
     (0 when nothing is communicated). buckets: the communication operations (:class:`Bucket`) in order (Horovod: the fused buffers of the last
     iteration, which depend on the ready times), with
@@ -408,20 +424,22 @@ def simulate_timeline(spec: AlgorithmSpec, workload: Workload, P: int, *, networ
         if mode == "horovod":
             ready_all = factor.max() * (F + tensor_ready[order])  # ready on every rank: the slowest rank's time
             sched = horovod_fusion(ready_all, numel_o, int(policy.fusion_threshold_mb * MIB), policy.cycle_time_s,
-                                   lambda n: timer(spec, n), spec.value_bytes)
+                                   lambda n: compression_s(compute, spec, n, None, t) + timer(spec, n), spec.value_bytes)
             buckets = [Bucket(tuple(order[p] for p in grp), int(numel_o[grp].sum())) for grp, _, _ in sched]
             ks = [None] * len(buckets)  # the fused buffers of this iteration (they depend on the ready times)
-            for bi, ((grp, s, e), b) in enumerate(zip(sched, buckets)):
-                ops.append((f"fused buffer {bi} ({len(grp)} tensors)", b, None, np.full(P, s), 0.0, s, e,
-                            (timer.wire_bytes(spec, b.numel), b.numel * spec.value_bytes), spec.algorithm.trace_name))
-            free = sched[-1][2] if sched else 0.0
             sel_total = 0.0
+            for bi, ((grp, s, e), b) in enumerate(zip(sched, buckets)):
+                sel = compression_s(compute, spec, b.numel, None, t)  # 0 for dense; PowerSGD's products
+                ops.append((f"fused buffer {bi} ({len(grp)} tensors)", b, None, np.full(P, s), sel, s + sel, e,
+                            (timer.wire_bytes(spec, b.numel), b.numel * spec.value_bytes), spec.algorithm.trace_name))
+                sel_total += sel
+            free = sched[-1][2] if sched else 0.0
         else:
             sel_total = 0.0
             for bi, (b, k, bs) in enumerate(zip(buckets, ks, bspecs)):
                 base = factor * (F + float(tensor_ready[list(b.tensors)].max()))  # (P,) ready without stalls
                 rdy = base + shift
-                sel = compute.seconds("select", b.numel, 0, t) if bs.algorithm.sparse else 0.0
+                sel = compression_s(compute, bs, b.numel, k, t)  # the algorithm's compression_work (0 for dense)
                 sel_end = np.maximum(rdy, free) + sel
                 cs = float(sel_end.max())
                 ce = cs + timer(bs, b.numel)
