@@ -101,6 +101,12 @@ CASES = {
                                      ComputeModel(straggler_prob=0.3, straggler_factor=2.0, seed=3)),
     "10GbE-topk-floor-stragglers-blocking": (get_preset("10GbE"), 4, "topk", "min_density", 0.05, True,
                                              ComputeModel(jitter="lognormal", jitter_scale=0.5, seed=1)),
+    # compression that depends on k (Algorithm.compression_work): the optimiser must price each candidate density's
+    # compression as the timeline does (it priced a Top-k selection for every algorithm)
+    "10GbE-randk-floor-scan": (get_preset("10GbE"), 8, "randk", "min_density", 0.05, False,
+                               ComputeModel(scan_coeff_s=2e-8)),
+    "10GbE-gaussiank-cap-scan-blocking": (get_preset("10GbE"), 4, "gaussiank", "density", 0.3, True,
+                                          ComputeModel(scan_coeff_s=2e-9)),
 }
 DENS = (0.01, 0.1)
 

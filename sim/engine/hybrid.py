@@ -56,7 +56,8 @@ from sim.base.errors import ConfigError, check_int, check_real
 from sim.machine.compute import ComputeModel
 from sim.workloads.model import DeviceModel, Workload
 
-from .timeline import CollectiveTimer, TimelinePolicy, ddp_buckets, flat_segments, layer_buckets, simulate_timeline
+from .timeline import (CollectiveTimer, TimelinePolicy, compression_s, ddp_buckets, flat_segments, layer_buckets,
+                       simulate_timeline)
 
 __all__ = ["PLAN_FORMAT", "HybridPlan", "hybrid_algorithms", "check_plan_algorithm", "load_plan", "save_plan", "plan_segments", "DiscardTable", "discarded_fractions",
            "UniformResult", "HybridChoice", "choose_hybrid", "plan_iteration_s", "resource_table", "BOUNDS",
@@ -562,7 +563,10 @@ def choose_hybrid(workload: Workload, network, spec: AlgorithmSpec, P: int, *, d
     comp_end = factor * (F + Bk)
     update_s = compute.seconds("update", d, 0, 0)
     base = [factor * (F + float(tensor_ready[list(b.tensors)].max())) for b in buckets]
-    sel = [compute.seconds("select", b.numel, 0, 1) for b in buckets]
+    # each bucket's compression at each candidate density, as the timeline charges it (it depends on k for rand-k,
+    # Gaussian-k, DGC and PowerSGD: Algorithm.compression_work); column 0 (dense) compresses nothing
+    sel = [[0.0] + [compression_s(compute, dataclasses.replace(spec, k=density_k(r, b.numel)), b.numel,
+                                  density_k(r, b.numel), 1) for r in dens] for b in buckets]
     coll = np.array([[timer(dense_spec, b.numel)] + [timer(dataclasses.replace(spec, k=density_k(r, b.numel)), b.numel)
                                                      for r in dens] for b in buckets])
     # the frontier after bucket b: end of its collective (free) and resource used, no point dominated by another
@@ -574,7 +578,7 @@ def choose_hybrid(workload: Workload, network, spec: AlgorithmSpec, P: int, *, d
         shift = free[:, None] - base[b - 1][None, :] if policy.blocking and b > 0 else np.zeros((1, 1))
         rdy = base[b][None, :] + shift  # (points or 1, ranks): simulate_timeline's base + shift
         n = free.shape[0]
-        nf = np.concatenate([(np.maximum(rdy, free[:, None]) + (0.0 if c == 0 else sel[b])).max(axis=1) + coll[b, c]
+        nf = np.concatenate([(np.maximum(rdy, free[:, None]) + sel[b][c]).max(axis=1) + coll[b, c]
                              for c in range(1 + J)])
         nu = np.concatenate([used + cost[b, c] for c in range(1 + J)])
         npar = np.tile(np.arange(n), 1 + J)
