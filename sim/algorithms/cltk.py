@@ -61,6 +61,7 @@ class CLTK(Algorithm):
     values at them allreduced (ring or recursive doubling); eps_p = acc_p with those indices zeroed."""
 
     name = "cltk"
+    cost_kinds = ("select", "reduce")  # the leader's selection and the allreduce's additions; nothing is merged
     collectives = ("ring", "recursive_doubling")
     summary = "ScaleCom's CLT-k: a cyclic leader's top-k indices broadcast, the k values at them allreduced"
     source = "Chen et al. NeurIPS 2020 (ScaleCom), Algorithm 1 with beta = 1, cyclic local top-k (CLT-k)"
