@@ -272,8 +272,9 @@ class CompressionCfg(_Strict):
         "tree", description="gTop-k collective (hierarchical: node tree, inter-node recursive doubling, node broadcast)")
     gtopk_mask: Literal["exact", "reference"] = Field("exact", description="gTop-k residual mask rule")
     layer_sizes: list[int] = Field([], description="layer-wise selection in a numerics run: the model vector as consecutive "
-                                                   "layers of these sizes (>= 1, summing to d), k_b = round(k/d x d_b) per layer, "
-                                                   "one collective each; empty = whole-model selection")
+                                                   "layers of these sizes (>= 1, summing to d), k_b = min(d_b, max(1, round(k/d x d_b))) "
+                                                   "per layer (at least one each), one collective each; empty = whole-model "
+                                                   "selection")
 
     #: keys only an algorithm that selects k coordinates reads (AlgorithmSpec.k, index_bytes)
     SPARSE_KEYS: ClassVar[tuple[str, ...]] = ("density", "k", "index_bytes")
@@ -722,6 +723,11 @@ def _format_error(err: ValidationError, where: str) -> str:
         if isinstance(table, type) and issubclass(table, BaseModel):
             return f"{where}: unknown key {key!r}; valid keys here: {', '.join(table.model_fields)}"
         return f"{where}: unknown key {key!r}"
+    if e["type"] in ("model_type", "model_attributes_type", "dict_type"):  # cluster = 5: a table was expected
+        table = getattr(_field_of(e["loc"]), "annotation", None)
+        valid = f": valid keys {', '.join(table.model_fields)}" if isinstance(table, type) and \
+            issubclass(table, BaseModel) else ""
+        return f"{where}: {key} = {_shown(e.get('input'))}: [{key}] must be a table of keys{valid}"
     if e["type"] == "value_error" and isinstance(e.get("input"), dict):  # a rule across the keys of a table
         return f"{where}: {e['msg'].removeprefix('Value error, ')}"
     bound = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}.get(e["type"])
@@ -753,21 +759,72 @@ def _field_of(loc):
 
 
 def _validate(data: dict, where: str, overrides: list[str] | None = None) -> Scenario:
-    """``data`` as a Scenario; a ConfigError blames the ``--set`` override that gave the bad key, else ``where``."""
+    """``data`` as a Scenario; a ConfigError blames the ``--set`` override (or the command-line option,
+    :func:`option_overrides`) that gave the bad key, else ``where`` (the scenario file, or "default scenario").
+
+    A rule over a whole table (its location is the table, e.g. ``compute``) or across tables names the keys it
+    refuses before its first colon ("compute.jitter_scale = 2: ..."): the override of such a key is blamed (none:
+    the file that gave it); when the message names no key of the table, every override of that table is named;
+    an ``[algorithm.NAME]`` option's message names it as ``NAME.KEY``."""
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
         e = err.errors()[0]
         key = ".".join(str(p) for p in e["loc"])
-        # a rule across tables (no location): the keys it names before its first colon, "a.b = v, c.d: ..."
-        named = {n.split(" = ")[0].strip() for n in str(e.get("msg", "")).removeprefix("Value error, ")
-                 .split(":")[0].split(",")} if not key else set()
-        for item in reversed(overrides or []):  # the last override of a key is the one that counts
-            k = item.split("=", 1)[0].strip()
-            if k in named or (key and (key == k or key.startswith(k + ".") or k.startswith(key + "."))):
-                where = f"--set {item if len(item) <= 80 else item[:60] + f'... ({len(item)} characters)'}"
-                break
+        table_rule = not key or (e["type"] == "value_error" and isinstance(e.get("input"), dict))
+        named = _named_keys(str(e.get("msg", "")), key) if table_rule else set()
+        given = _last_overrides(overrides or [])
+        blamed = [item for k, item in given if any(_same_key(k, n) for n in named)] if table_rule else \
+            [item for k, item in given if key == k or key.startswith(k + ".") or k.startswith(key + ".")][-1:]
+        if not blamed and table_rule and key and not any(n.startswith(key + ".") and _field_of(n.split("."))
+                                                         for n in named):
+            blamed = [item for k, item in given if k.startswith(key + ".")]  # no key named: each of the table's
+        if blamed:
+            where = ", ".join(_override_label(item) for item in blamed)
         raise ConfigError(_format_error(err, where)) from None
+
+
+def _named_keys(msg: str, table: str) -> set[str]:
+    """The dotted keys a rule's message names before its first colon ("a.b = v, c.d: why" -> {a.b, c.d}); a key
+    without its table's prefix (inside ``table``) gets it."""
+    head = msg.removeprefix("Value error, ").split(":")[0]
+    names = {part.strip().split(" ")[0] for part in head.split(",") if part.strip()}
+    return {n if not table or n.startswith(table + ".") else f"{table}.{n}" for n in names if n} | names
+
+
+def _same_key(override_key: str, named: str) -> bool:
+    """True when an override of ``override_key`` sets the key a message names (``algorithm.NAME.KEY`` is named
+    ``NAME.KEY`` by the algorithm's option checks)."""
+    return override_key in (named, f"algorithm.{named}") or named.startswith(override_key + ".")
+
+
+def _last_overrides(overrides: list[str]) -> list[tuple[str, str]]:
+    """(dotted key, override) of the overrides that count: the last one of each key, in order."""
+    last = {}
+    for item in overrides:
+        last[item.split("=", 1)[0].strip()] = item
+    return [(k, item) for k, item in last.items()]
+
+
+def _override_label(item: str) -> str:
+    """How an error names an override: the command-line option it stands for (``--algorithms foo``), else
+    ``--set KEY=VALUE`` (a long one cut to its first 60 characters)."""
+    shown = getattr(item, "option", None)
+    if shown is not None:
+        return shown
+    return f"--set {item if len(item) <= 80 else item[:60] + f'... ({len(item)} characters)'}"
+
+
+class _OptionOverride(str):
+    """An override that a command-line option stands for (``algorithms=foo`` for ``--algorithms foo``): a str, with
+    ``option`` the text an error names it by."""
+
+    option: str
+
+    def __new__(cls, text: str, option: str):
+        self = super().__new__(cls, text)
+        self.option = option
+        return self
 
 
 def _parse_value(text: str):
@@ -904,12 +961,20 @@ def option_overrides(*, algorithms: str | None = None, timeout_s: float | None =
                      backend_allreduce: bool = False, dist_backend: str | None = None) -> list[str]:
     """The ``dotted.key=value`` overrides that command-line options stand for (``sparsim run`` and the
     torchrun entry point): --algorithms, --timeout (torch.timeout_s), --backend-allreduce and
-    --dist-backend; an option left unset (None / False) adds nothing. Returns a list of strings."""
-    ov = [f"algorithms={algorithms}"] if algorithms is not None else []
+    --dist-backend; an option left unset (None / False) adds nothing. Returns a list of strings, each with an
+    ``option`` attribute, the option as typed (``--timeout 0``), which a validation error names instead of a
+    ``--set`` the user never gave."""
+    ov = [_OptionOverride(f"algorithms={algorithms}", f"--algorithms {_shown_option(algorithms)}")] \
+        if algorithms is not None else []
     if timeout_s is not None:
-        ov.append(f"torch.timeout_s={timeout_s!r}")
+        ov.append(_OptionOverride(f"torch.timeout_s={timeout_s!r}", f"--timeout {timeout_s:g}"))
     if backend_allreduce:
-        ov.append("torch.backend_allreduce=true")
+        ov.append(_OptionOverride("torch.backend_allreduce=true", "--backend-allreduce"))
     if dist_backend is not None:
-        ov.append(f'torch.dist_backend="{dist_backend}"')
+        ov.append(_OptionOverride(f'torch.dist_backend="{dist_backend}"', f"--dist-backend {dist_backend}"))
     return ov
+
+
+def _shown_option(text: str) -> str:
+    """An option's value in an error line, cut to its first 60 characters when longer than 80."""
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
