@@ -19,7 +19,7 @@ from sim.machine.topology import CLUSTER_PRESETS, ClusterSpec, get_cluster_prese
 from .scenario import Scenario
 
 __all__ = ["algorithm_specs", "build_network", "network_summary", "timeline_policy", "resolve_device",
-           "resolve_workload", "timeline_clock", "compute_costs", "resolve_compute"]
+           "resolve_workload", "timeline_clock", "compute_costs", "resolve_compute", "measured_selection"]
 
 
 def algorithm_specs(sc: Scenario, k: int, G: int) -> list[AlgorithmSpec]:
@@ -167,7 +167,8 @@ def resolve_compute(sc: Scenario, dev):
 
 def resolve_workload(sc: Scenario):
     """The scenario's workload and device: (Workload, DeviceModel or None). Raises ConfigError for an unknown
-    zoo model or device, or a bad layer table."""
+    zoo model or device, a bad layer table, or a step whose forward + backward at training.batch_size on the device
+    exceeds :data:`sim.workloads.model.MAX_STEP_S` (naming the table, the total and the range)."""
     from sim.workloads.tables import load_layer_table
     from sim.workloads.zoo import get_model
 
@@ -178,8 +179,14 @@ def resolve_workload(sc: Scenario):
         if given:
             raise ConfigError(f"{', '.join(given)}: the layer table {w.table!r} gives measured seconds, which no device "
                               "model rescales: valid only with a FLOP table or a zoo model")
-        return wl, None
-    return wl, resolve_device(sc)
+        dev = None
+    else:
+        dev = resolve_device(sc)
+    try:  # a step's compute within the numerics runs' limit at this batch and device (sim.workloads.model.MAX_STEP_S)
+        wl.layer_times(sc.training.batch_size, dev)
+    except ConfigError as err:
+        raise ConfigError(f"workload.table = {w.table!r}: {err}" if w.table else str(err)) from None
+    return wl, dev
 
 
 def timeline_clock(sc: Scenario, workload, network, compute, time_budget_s: float):
@@ -192,3 +199,18 @@ def timeline_clock(sc: Scenario, workload, network, compute, time_budget_s: floa
 
     return TimelineClock(workload, sc.cluster.P, network, timeline_policy(sc), resolve_device(sc),
                          sc.training.batch_size, compute, sc.cluster.engine, time_budget_s)
+
+
+def measured_selection(rows) -> dict | None:
+    """What one algorithm's workers actually selected, from its metrics rows (dicts with ``iteration`` and
+    ``selected_per_worker``, entries per worker per step, a float: the mean over the P workers): ``{"mean", "min",
+    "max", "steps"}`` over the steps (iteration >= 1) that have a count, or None when none has one (a workload run,
+    an empty run). It can be below the nominal sum of k_b (:func:`sim.algorithms.base.segment_k`): exact zeros of
+    the error-feedback vector are never selected."""
+    import math
+
+    sel = [float(r["selected_per_worker"]) for r in rows if r.get("iteration", 0) >= 1
+           and r.get("selected_per_worker") is not None and not math.isnan(float(r["selected_per_worker"]))]
+    if not sel:
+        return None
+    return {"mean": sum(sel) / len(sel), "min": min(sel), "max": max(sel), "steps": len(sel)}

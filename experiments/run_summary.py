@@ -8,6 +8,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from sim.base.errors import SparsimError
+
 __all__ = ["summary_lines", "costs_lines"]
 
 
@@ -39,8 +41,9 @@ def summary_lines(path: Path) -> Iterator[str]:
         where += f"; engine {net.get('engine', 'message')}"
         clock = "sim time s"
     plan = _hybrid_plan(r)
-    sel = (f"; {r['k_selected_per_worker']} selected per worker over {r['n_segments']} segments, k_b = min(d_b, "
-           f"max(1, round(k d_b / d))), c = {r['compression_ratio_c_selected']:.4g}") if "k_selected_per_worker" in r else ""
+    sel = (f"; nominal {r['k_selected_per_worker']} selected per worker over {r['n_segments']} segments, k_b = "
+           f"min(d_b, max(1, round(k d_b / d))), c = {r['compression_ratio_c_selected']:.4g}") \
+        if "k_selected_per_worker" in r else ""
     if plan is not None:  # each bucket has its own density: the plan's k_b, not the uniform rule
         from .hybrid import plan_k_text
 
@@ -48,6 +51,8 @@ def summary_lines(path: Path) -> Iterator[str]:
     else:
         yield (f"P = {r['P']}, d = {r['d']}, k = {r['k']} (c = {r['compression_ratio_c']:.4g}{sel}), "
                f"B = {r['global_batch_B']}, {where}")
+    if sel:
+        yield from _measured_selection_lines(path, s)
     if "workload" in r:  # a [model] run: a network on images, timed by its layer-wise timeline
         yield from _net_lines(r, s)
         return
@@ -58,6 +63,32 @@ def summary_lines(path: Path) -> Iterator[str]:
         yield (f"{name:<20}{_fixed(1e3 * t['mean_iter_time_s'], 13, 3)}{_fixed(1e3 * t['mean_compute_s'], 9, 3)}"
                f"{_fixed(1e3 * t['mean_compress_s'], 9, 3)}{_fixed(1e3 * t['mean_comm_s'], 9, 3)}"
                f"{_fixed(t['sim_time_s'], 11, 3)}{_fixed(t['final_loss'], 12, 5)}{t['final_grad_norm_sq']:>12.3e}{md:>10}")
+
+
+def _measured_selection_lines(path: Path, s: dict) -> Iterator[str]:
+    """Beside a layer-wise run's nominal sum of k_b: what each sparse algorithm's workers selected per step, from
+    summary.json's totals (``selected_per_worker``) where recorded, else from metrics.csv (the same column). The
+    measured count can be lower (exact zeros are never selected)."""
+    from .record import read_metrics
+    from .resolve import measured_selection
+
+    nominal = s["resolved"]["k_selected_per_worker"]
+    got = {name: t["selected_per_worker"] for name, t in s["totals"].items() if t.get("selected_per_worker")}
+    if not got:
+        try:
+            got = {name: measured_selection(rows) for name, rows in read_metrics(path).items()}
+        except (OSError, SparsimError, ValueError, KeyError):
+            return
+    parts = [f"{name} mean {m['mean']:.6g}, min {m['min']:.6g}, max {m['max']:.6g}" for name, m in got.items()
+             if m is not None and name in s["totals"] and not _dense_label(name)]
+    if parts:
+        yield (f"selected per worker per step, measured (nominal {nominal}; exact zeros are never selected): "
+               + "; ".join(parts))
+
+
+def _dense_label(name: str) -> bool:
+    """True for a dense algorithm's label (it sends everything; its count is d, not a selection)."""
+    return name.split("[")[0] == "dense"
 
 
 def _net_lines(r: dict, s: dict) -> Iterator[str]:
@@ -140,11 +171,18 @@ def _workload_lines(path: Path, s: dict) -> Iterator[str]:
     yield (f"P = {r['P']}, {ks}, network {s['scenario']['cluster']['network']}: "
            f"alpha = {net['alpha_s']:.3g} s, beta = {net['beta_s_per_byte']:.3g} s/byte; dense policy "
            f"{pol['dense']}, sparse policy {pol['sparse']}")
-    yield (f"{'algorithm':<18}{'iter ms':>10}{'compute':>10}{'exposed':>10}{'comm':>10}{'select':>9}{'overlap':>9}"
-           f"{'speedup':>9}{'ops':>6}   (ms per iteration, means; comm = sum of collectives)")
+    head = ("algorithm", "iter ms", "compute", "exposed", "comm", "select", "overlap", "speedup", "ops")
+    rows = []
     for name, t in s["totals"].items():
         sp = t.get("speedup_over_dense")
-        yield (f"{name:<18}{1e3 * t['mean_iter_time_s']:>10.2f}{1e3 * t['mean_compute_s']:>10.2f}"
-               f"{1e3 * t['mean_exposed_comm_s']:>10.2f}{1e3 * t['mean_comm_s']:>10.2f}"
-               f"{1e3 * t['mean_compress_s']:>9.2f}{t['mean_overlap_ratio']:>9.0%}"
-               f"{'' if sp is None else f'{sp:.2f}x':>9}{t['communication_ops'] or '':>6}")
+        rows.append((name, f"{1e3 * t['mean_iter_time_s']:.2f}", f"{1e3 * t['mean_compute_s']:.2f}",
+                     f"{1e3 * t['mean_exposed_comm_s']:.2f}", f"{1e3 * t['mean_comm_s']:.2f}",
+                     f"{1e3 * t['mean_compress_s']:.2f}", f"{t['mean_overlap_ratio']:.0%}",
+                     "" if sp is None else f"{sp:.2f}x", str(t["communication_ops"] or "")))
+    # each column at least its usual width, wider where a value needs it: one blank before every number
+    widths = [max(w, *(len(r[i]) + (0 if i == 0 else 1) for r in rows)) if rows else w
+              for i, w in enumerate((18, 10, 10, 10, 10, 9, 9, 9, 6))]
+    yield (f"{head[0]:<{widths[0]}}" + "".join(f"{h:>{w}}" for h, w in zip(head[1:], widths[1:]))
+           + "   (ms per iteration, means; comm = sum of collectives)")
+    for r in rows:
+        yield f"{r[0]:<{widths[0]}}" + "".join(f"{c:>{w}}" for c, w in zip(r[1:], widths[1:]))

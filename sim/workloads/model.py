@@ -38,6 +38,11 @@ class ParamTensor:
 #: made every speed-up 1.00x and printed 300-digit cells).
 MAX_LAYER_S = 3600.0
 MAX_LAYER_FLOPS = 1e18
+#: Upper limit of a whole step's compute, forward + backward over every layer at the run's batch size and device
+#: (s): the numerics runs' limit on compute.forward_backward_s (sim.machine.compute.MAX_FORWARD_BACKWARD_S, the
+#: same hour). The per-layer limits above alone let many layers (or a large batch) add up to years per step, next
+#: to which communication rounds away (issue #23: two layers of 1e18 FLOPs gave 7.4e6 s and speed-up 1.00x).
+MAX_STEP_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -339,20 +344,32 @@ class Workload:
 
         FLOP workloads: ``flops * batch_size / device.flops_per_s`` (a device is required). Measured
         workloads: the measured seconds scaled by ``batch_size / measured_batch`` (linear in the batch;
-        device must be None). Raises ConfigError for batch_size < 1, or a device given/missing wrongly.
+        device must be None). Raises ConfigError for batch_size < 1, a device given/missing wrongly, or a step
+        whose forward + backward seconds add up to more than :data:`MAX_STEP_S` (naming the total and the range).
         """
         check_int("batch_size", batch_size, 1, err=ConfigError)
         if self.measured:
             if device is not None:
                 raise ConfigError(f"workload {self.name!r} has measured times: a device model does not apply")
             s = batch_size / self.measured_batch
-            return (np.array([l.forward_s for l in self.layers], dtype=np.float64) * s,
-                    np.array([l.backward_s for l in self.layers], dtype=np.float64) * s)
+            return self._within_step_limit(np.array([l.forward_s for l in self.layers], dtype=np.float64) * s,
+                                           np.array([l.backward_s for l in self.layers], dtype=np.float64) * s,
+                                           f"batch {batch_size} (measured at {self.measured_batch})")
         if device is None:
             raise ConfigError(f"workload {self.name!r} gives FLOPs: a device model is needed to turn them into seconds")
         r = batch_size / device.flops_per_s
-        return (np.array([l.forward_flops for l in self.layers], dtype=np.float64) * r,
-                np.array([l.backward_flops for l in self.layers], dtype=np.float64) * r)
+        return self._within_step_limit(np.array([l.forward_flops for l in self.layers], dtype=np.float64) * r,
+                                       np.array([l.backward_flops for l in self.layers], dtype=np.float64) * r,
+                                       f"batch {batch_size} on {device.name} ({device.flops_per_s:.4g} FLOP/s)")
+
+    def _within_step_limit(self, fwd: np.ndarray, bwd: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
+        """(fwd, bwd) unchanged when a step's forward + backward is at most :data:`MAX_STEP_S`; else ConfigError."""
+        total = float(fwd.sum() + bwd.sum())
+        if not total <= MAX_STEP_S:
+            raise ConfigError(f"workload {self.name!r}: forward + backward = {total:.6g} s per step at {where}: valid "
+                              f"<= {MAX_STEP_S:g} s per step (the limit of compute.forward_backward_s; smaller layer "
+                              "costs or batch)")
+        return fwd, bwd
 
     def grad_ready_order(self) -> list[int]:
         """Indices into ``tensors`` in the order backward produces their gradients: ``ready_order`` when it was
