@@ -28,7 +28,7 @@ from filelock import FileLock, Timeout
 
 from sim.base.errors import ConfigError
 
-__all__ = ["MARKER", "file_record", "verify_record", "check_out", "lock_path", "release", "partial_dir", "publish", "write_csv", "csv_cell", "save_figure",
+__all__ = ["MARKER", "file_record", "verify_record", "check_out", "check_path_fits", "lock_path", "release", "partial_dir", "publish", "write_csv", "csv_cell", "save_figure",
            "atomic_write_text"]
 
 
@@ -172,6 +172,7 @@ def check_out(out: Path, force: bool) -> None:
     if str(out).strip() in ("", ".", ".."):
         raise ConfigError(f"--out {str(out)!r} is not a usable output directory: name a new directory")
     out = Path(out)
+    check_path_fits(out, "--out", suffix=".partial")
     if out.is_symlink():  # live, dangling or a loop: publish would replace the link, rmtree refuses it
         try:
             target = os.readlink(out)
@@ -179,11 +180,6 @@ def check_out(out: Path, force: bool) -> None:
             target = "?"
         raise ConfigError(f"--out {str(out)!r} is a symbolic link (to {target!r}): valid a directory path that is "
                           "not a link; name the target itself")
-    name_max = _name_max(out)
-    longest = len(os.fsencode(out.name + ".partial"))
-    if longest > name_max:
-        raise ConfigError(f"--out {str(out)!r}: its last name is {len(os.fsencode(out.name))} bytes: valid at most "
-                          f"{name_max - len('.partial')} bytes (the file system's {name_max}, less '.partial')")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is an existing file: choose a directory path")
     _lock(out)
@@ -203,12 +199,64 @@ def check_out(out: Path, force: bool) -> None:
         raise
 
 
+def _shown_path(p) -> str:
+    """``repr`` of a path for an error line, cut to its first 60 characters when longer than 80."""
+    text = repr(str(p))
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def check_path_fits(path, what: str = "--out", suffix: str = "") -> None:
+    """Raise ConfigError (one line, before any work) unless the file system can name ``path`` with ``suffix``
+    appended to its last name (``.partial``, a temporary file's): every name in it at most the file system's
+    ``PC_NAME_MAX`` bytes (255 on most) and its absolute form shorter than ``PC_PATH_MAX`` bytes (4096 on Linux).
+    Otherwise every call on it (``is_symlink``, ``mkdir``, ``open``) raises OSError ENAMETOOLONG."""
+    p = Path(path)
+    name_max = _name_max(p)
+    parts = p.parts
+    for i, part in enumerate(parts):
+        extra = suffix if i == len(parts) - 1 else ""
+        n = len(os.fsencode(part + extra))
+        if part not in ("/", "") and n > name_max:
+            which = "its last name" if i == len(parts) - 1 else f"the name {_shown_path(part)} in it"
+            raise ConfigError(f"{what} {_shown_path(p)}: {which} is {len(os.fsencode(part))} bytes: valid at most "
+                              f"{name_max - len(os.fsencode(extra))} bytes (the file system's {name_max}"
+                              + (f", less {len(os.fsencode(extra))} for {extra!r})" if extra else ")"))
+    path_max = _path_max(p)
+    n = len(os.fsencode(os.path.abspath(p)))
+    total = n + len(os.fsencode(suffix))
+    if total >= path_max:
+        raise ConfigError(f"{what} {_shown_path(p)}: its absolute path is {n} bytes"
+                          + (f" ({total} with {suffix!r})" if suffix else "")
+                          + f": valid fewer than {path_max} bytes (the system's PATH_MAX)")
+
+
+def _path_max(out: Path) -> int:
+    """Longest path (bytes, with its terminating NUL) in ``out``'s nearest existing parent (``PC_PATH_MAX``; 4096
+    when the system does not say)."""
+    parent = _existing_parent(out)
+    try:
+        return int(os.pathconf(parent, "PC_PATH_MAX"))
+    except (OSError, ValueError, AttributeError):
+        return 4096
+
+
+def _existing_parent(out: Path) -> Path:
+    """The nearest existing directory above ``out`` (its absolute form); a name too long to look up counts as absent."""
+    parent = Path(os.path.abspath(out)).parent
+    while parent != parent.parent:
+        try:
+            if parent.exists():
+                break
+        except OSError:  # ENAMETOOLONG on the way up
+            pass
+        parent = parent.parent
+    return parent
+
+
 def _name_max(out: Path) -> int:
     """Longest file name (bytes) in ``out``'s nearest existing parent directory (``pathconf PC_NAME_MAX``; 255 when
     the system does not say)."""
-    parent = Path(os.path.abspath(out)).parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
+    parent = _existing_parent(out)
     try:
         return int(os.pathconf(parent, "PC_NAME_MAX"))
     except (OSError, ValueError, AttributeError):
@@ -326,7 +374,11 @@ def save_figure(fig, outdir: Path, stem: str) -> None:
 
     ``fig.tight_layout()`` leaves a placeholder layout engine on the figure, for which every ``savefig`` draws
     the whole figure once more (with rendering disabled) before drawing it into the file; the placeholder lays
-    nothing out, so it is removed first: the same files, two draws fewer."""
+    nothing out, so it is removed first: the same files, two draws fewer.
+
+    A write that fails (a full disk, a quota) raises OSError with its errno and the file's path, also where the
+    backend hides it under its own error (the PDF backend's ``zlib.error: Error -2 while flushing``, raised while
+    it cleans up after the OSError): the CLI says "cannot write FILE: No space left on device", exit 2."""
     import sys
 
     import matplotlib
@@ -335,11 +387,29 @@ def save_figure(fig, outdir: Path, stem: str) -> None:
     if isinstance(fig.get_layout_engine(), PlaceHolderLayoutEngine):
         with matplotlib.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
             fig.set_layout_engine(None)
-    fig.savefig(Path(outdir) / f"{stem}.png", dpi=110)
-    fig.savefig(Path(outdir) / f"{stem}.pdf")
+    for path, kw in ((Path(outdir) / f"{stem}.png", {"dpi": 110}), (Path(outdir) / f"{stem}.pdf", {})):
+        try:
+            fig.savefig(path, **kw)
+        except Exception as err:  # noqa: BLE001 - re-raised unless a write error lies under it
+            cause = _write_error(err)
+            if cause is None:
+                raise
+            raise OSError(cause.errno, cause.strerror or os.strerror(cause.errno), str(path)) from None
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is not None:
         plt.close(fig)
+
+
+def _write_error(err: BaseException) -> OSError | None:
+    """The OSError with an errno in ``err`` or in the exceptions it was raised while handling (``__context__``,
+    ``__cause__``), nearest first; None when there is none."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno is not None:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def atomic_write_text(path: Path, text: str) -> None:
