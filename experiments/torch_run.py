@@ -92,10 +92,9 @@ def main(argv=None) -> int:
               "published: free space or choose another --out)", file=sys.stderr)
         return 2
     except dist.DistError as err:  # torch's own c10d errors after set-up (a peer gone, a store timeout): one line
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        rank = os.environ.get("RANK", "?")
-        print(f"error: rank {rank}: torch.distributed failed ({type(err).__name__}: {first[:300]}); a peer "
-              "died or hung, or --timeout is too small for this run", file=sys.stderr)
+        from sim.distributed.backend import dist_failed
+
+        print(f"error: {dist_failed(os.environ.get('RANK', '?'), err)}", file=sys.stderr)
         return 2
 
 

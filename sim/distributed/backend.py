@@ -58,6 +58,8 @@ from sim.base.errors import SparsimError, check_range, range_text
 from sim.base.ops import AllReduce, Compute, Recv, Send, SendRecv, signature
 
 __all__ = [
+    "group_failed",
+    "dist_failed",
     "encode",
     "decode",
     "TorchTransport",
@@ -627,6 +629,27 @@ def _timeout_hint(timeout_s: float) -> str:
     return f"--timeout / torch.timeout_s = {timeout_s:g} s{small}; {_TIMEOUT_RANGE}"
 
 
+def group_failed(rank: int, backend: str, P: int, err: BaseException, timeout_s: float) -> str:
+    """The one line for a process group that did not form (a store or a peer that did not answer within the
+    timeout: torch's ``DistStoreError: wait timeout``, gloo's ``Connect timeout``): the rank, torch's first line
+    (cut to 200 characters) and :func:`_timeout_hint` (the timeout, "too small" below 1 s, its valid range). The
+    torchrun entry point (:func:`init_from_env`) and the local launcher's ranks (``sparsim run --backend torch``)
+    say the same."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return (f"rank {rank}: the {backend} process group of P = {P} did not form ({type(err).__name__}: "
+            f"{first[:200]}); {_timeout_hint(timeout_s)}")
+
+
+def dist_failed(rank, err: BaseException, timeout_s: float | None = None) -> str:
+    """The one line for torch's own c10d error after set-up (a peer gone, a store or collective timeout): the rank,
+    torch's first line (cut to 300 characters), and the likely causes, with :func:`_timeout_hint` when the timeout
+    is known."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    tail = "a peer died or hung, or --timeout is too small for this run" if timeout_s is None else \
+        f"a peer died or hung, or the timeout is too small for this run: {_timeout_hint(timeout_s)}"
+    return f"rank {rank}: torch.distributed failed ({type(err).__name__}: {first[:300]}); {tail}"
+
+
 def _env_int(name: str, lo: int, hi: int | None = None) -> int:
     text = os.environ[name]
     try:
@@ -729,9 +752,7 @@ def init_from_env(*, backend: str = "auto", timeout_s: float = 60.0) -> DistCont
             dist.init_process_group(be, store=store, rank=rank, world_size=P,
                                     timeout=datetime.timedelta(seconds=timeout_s))
         except (RuntimeError, OSError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise SparsimError(f"rank {rank}: the {be} process group of P = {P} did not form ({first[:200]}); "
-                               f"{_timeout_hint(timeout_s)}") from None
+            raise SparsimError(group_failed(rank, be, P, err, timeout_s)) from None
     return DistContext(rank, P, TorchTransport(rank, P, device=device, timeout_s=timeout_s), device, timeout_s)
 
 
@@ -763,8 +784,11 @@ def _child(rank: int, P: int, port: int, backend: str, timeout_s: float, target,
         torch.set_num_threads(1)
         be, device, _ = _pick_backend(backend)
         td = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=td)
-        dist.init_process_group(be, store=store, rank=rank, world_size=P, timeout=td)
+        try:
+            store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=td)
+            dist.init_process_group(be, store=store, rank=rank, world_size=P, timeout=td)
+        except (RuntimeError, OSError) as err:  # a store or a peer not reached in time: say the timeout, as torchrun's
+            raise SparsimError(group_failed(rank, be, P, err, timeout_s)) from None
         ctx = DistContext(rank, P, TorchTransport(rank, P, device=device, timeout_s=timeout_s), device, timeout_s)
         from threadpoolctl import threadpool_limits
 
