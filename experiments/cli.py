@@ -53,6 +53,10 @@ def _check_algorithm_list(algorithms: str | None) -> None:
                            f"{', '.join(names)} (omit it for the scenario's)")
 
 
+#: Largest ``sparsim run --jobs``: a run never starts more processes than it has algorithms (the value is clamped to
+#: their number), so a larger one is a typo, not a request (--jobs 1000000 was accepted without a word).
+MAX_RUN_JOBS = 1024
+
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 
 
@@ -64,8 +68,36 @@ class _OneLineErrors(click.Group):
     ``error: ... (see 'sparsim COMMAND --help')`` with exit code 2, like every other user error."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Run the command; exit with its code (2 and one line for a usage error, 130 and one line for Ctrl-C).
+
+        Called as the whole process (``args`` None: the ``sparsim`` script, ``python -m experiments.cli``), SIGINT is
+        ignored once the command is over: Python gives SIGINT back its default action while it shuts down (an
+        ignored signal it leaves ignored; a blocked one would still reach another thread, OpenBLAS's or torch's), so
+        a Ctrl-C landing after "wrote DIR" killed the process by the signal (status -2, no message). A Ctrl-C up to
+        then says "interrupted after 'DIR' was written (complete; it stays)" and exits 130, also where it lands
+        outside click's own handling; one later is ignored (the command had finished: its code stands).
+        In-process callers (``args`` given, click's test runner) keep their SIGINT handler."""
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        whole_process = args is None
+        code = 0
+        try:
+            try:
+                self._standalone(args, prog_name, complete_var, **extra)
+            except SystemExit as exit_:
+                code = exit_.code
+            except KeyboardInterrupt:  # landed outside click's handling (after the command returned)
+                code = _interrupted()
+            if whole_process:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except KeyboardInterrupt:  # between the command's end and ignoring it
+            code = _interrupted()
+            if whole_process:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+        sys.exit(code)
+
+    def _standalone(self, args, prog_name, complete_var, **extra):
+        """The command run by click with one-line errors; ends with sys.exit (SystemExit) of its exit code."""
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except _NO_ARGS_IS_HELP as err:  # a group called alone: its help, as --help would
@@ -80,15 +112,21 @@ class _OneLineErrors(click.Group):
             sys.exit(err.exit_code)
         except click.exceptions.Abort as err:
             if isinstance(err.__cause__, KeyboardInterrupt):  # Ctrl-C: the shell convention, 128 + SIGINT
-                from .outdir import PUBLISHED
-
-                done = f" after {', '.join(repr(str(d)) for d in PUBLISHED)} was written (complete; it stays)" \
-                    if PUBLISHED else "; nothing was written"
-                click.echo(f"interrupted{done}", err=True)
-                sys.exit(130)
+                sys.exit(_interrupted())
             click.echo("aborted", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _interrupted() -> int:
+    """Say what an interrupt (Ctrl-C) left: the directories this process published, complete, or nothing; return
+    130 (the shell convention, 128 + SIGINT)."""
+    from .outdir import PUBLISHED
+
+    done = f" after {', '.join(repr(str(d)) for d in PUBLISHED)} was written (complete; it stays)" \
+        if PUBLISHED else "; nothing was written"
+    click.echo(f"interrupted{done}", err=True)
+    return 130
 
 
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -160,7 +198,8 @@ def main(verbose, log_level):
                    "is above the limit of 1e11 units, about 3 hours (README: resources)")
 @click.option("--jobs", type=int, default=None,
               help="sim: algorithms simulated at the same time, each in its own process (same rows; default: as "
-                   "many as there are algorithms, at most 2 x the cores and half the free memory; 1: one at a time)")
+                   "many as there are algorithms, at most 2 x the cores and half the free memory; 1: one at a time; "
+                   f"valid 1 to {MAX_RUN_JOBS}, more than the run's algorithms runs one process per algorithm)")
 @_user_errors
 def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, nproc, timeout_s, backend_allreduce,
         dist_backend, yes, jobs):
@@ -169,9 +208,12 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, n
     Before allocating, a run whose memory estimate exceeds the available memory is refused, and so is one
     whose estimated work exceeds the documented limit unless --yes is given (one line, exit code 2)."""
     from .run import run_scenario
-    from .scenario import load_scenario, option_overrides
+    from .scenario import _OptionOverride, load_scenario, option_overrides
 
     _check_algorithm_list(algorithms)
+    if jobs is not None and jobs > MAX_RUN_JOBS:  # jobs < 1: run_scenario's check_jobs says the same range
+        raise SparsimError(f"--jobs {jobs} is out of range: valid 1 <= jobs <= {MAX_RUN_JOBS} (a run starts at most one "
+                           "process per algorithm)")
     ov = list(overrides) + option_overrides(algorithms=algorithms, timeout_s=timeout_s,
                                             backend_allreduce=backend_allreduce, dist_backend=dist_backend)
     if backend != "torch" and (timeout_s is not None or dist_backend is not None):
@@ -188,7 +230,7 @@ def run(scenario, out, overrides, algorithms, force, quiet, do_check, backend, n
         given = [o for o in ov if o.split("=", 1)[0].strip() == "cluster.P"]
         if given and sc0.cluster.P != nproc:
             raise SparsimError(f"--nproc {nproc} differs from --set cluster.P={sc0.cluster.P}: they must be equal")
-        ov.append(f"cluster.P={nproc}")
+        ov.append(_OptionOverride(f"cluster.P={nproc}", f"--nproc {nproc}"))
     sc = load_scenario(scenario, ov)
     path = run_scenario(sc, out, force=force, progress=not quiet, backend=backend, nproc=nproc, yes=yes, jobs=jobs)
     if not quiet:
@@ -263,6 +305,10 @@ def calibrate(nproc, out, min_bytes, max_bytes, repeats, timeout_s, pattern, bus
     check_range("--repeats", repeats, 1, 10_000)
     check_range("--timeout", timeout_s, 0, 86_400, lo_open=True)
     check_range("--busy-s", busy_s, 0, 10)
+    from .outdir import check_path_fits
+
+    # the file and its temporary probe (".NAME.XXXXXXXX.probe") must be nameable, else ENAMETOOLONG after timing
+    check_path_fits(Path(out), "--out", suffix="..XXXXXXXX.probe")
     text = calibrate_to_file(out, force=force, nproc=nproc, min_bytes=min_bytes, max_bytes=max_bytes, repeats=repeats,
                              timeout_s=timeout_s, pattern=pattern, busy_s=busy_s)
     click.echo(text, nl=False)
@@ -319,9 +365,34 @@ def predict(P, d, density, network, simulate, engine, collectives, alpha_s, band
     simulated time (s) next to it, on a flat network or a hierarchical cluster preset."""
     from .predict import predict_lines
 
+    if calibration is not None and alpha_s is None and bandwidth_Bps is None and network is None:
+        _check_calibration_network(calibration)
     for line in predict_lines(P, d, density, network, simulate, engine, collectives, alpha_s, bandwidth_Bps,
                               calibration):
         click.echo(line)
+
+
+def _check_calibration_network(calibration: str) -> None:
+    """SparsimError (one line naming the missing keys) when ``predict --calibration FILE``'s [cluster] table does
+    not give the network: ``network`` (a flat preset, or "custom" with ``alpha_s`` and ``bandwidth_Bps``, as
+    ``sparsim calibrate`` writes). Without them the schema's defaults, 1 GbE, would be predicted without a word. A
+    file that cannot be read or parsed is left to :func:`experiments.predict.predict_lines`, which says so."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(Path(calibration).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return
+    cl = data.get("cluster")
+    if not isinstance(cl, dict):
+        return  # no [cluster] table: predict_lines's own error
+    need = ["network"] + (["alpha_s", "bandwidth_Bps"] if cl.get("network", "custom") == "custom" else [])
+    missing = [k for k in need if k not in cl]
+    if missing:
+        has = ", ".join(cl) or "nothing"
+        raise SparsimError(f"--calibration {calibration}: its [cluster] has no {', '.join(missing)} (it gives {has}), "
+                           "so it names no network: valid a `sparsim calibrate` output or a scenario whose [cluster] "
+                           "has network = 'custom' with alpha_s and bandwidth_Bps, or a flat preset network")
 
 
 @main.command("plan")
