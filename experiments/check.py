@@ -148,7 +148,10 @@ def check_run(run_dir, *, write: bool = True) -> CheckReport:
     them (a ReLU network on images, a synthetic objective without M). The run's scenario is rebuilt and summary.json's
     d, k, B and constants must be what it gives (else ConfigError: the verdicts would use constants the run never
     had); where it cannot be rebuilt (data not here) a note says they were not verified. A directory that cannot be
-    written still gets its report (a note names the files not written). Raises ConfigError if the directory is not
+    written still gets its report (a note names the files not written). The bounds use the selection operator's
+    nominal k (or the segments' k_b); where a step selected another count (metrics.csv's selected_per_worker: exact
+    zeros are never selected) a note gives the measured mean / min / max beside it. No compression (k = d, or every
+    segment with k_b = d_b: gamma = 0) is a note with no bound evaluated. Raises ConfigError if the directory is not
     a finished run.
     """
     run_dir = Path(run_dir)
@@ -200,12 +203,13 @@ def check_run(run_dir, *, write: bool = True) -> CheckReport:
             f"gradients) differs from grad f at x_0 by {bias:.3g} relative (||E[G] - grad f|| / ||grad f||), "
             + ("0: unbiased" if bias == 0 else "because the shards differ in size or content (sharding = "
                                                f"{summary['scenario']['data']['sharding']})"))
-    for alg, rows in by_alg.items():  # what was selected, beside the nominal count the bounds use
+    nominal = _nominal_total(summary, d, k)
+    for alg, rows in by_alg.items():  # what was selected where it is not the nominal count the bounds use
         m = None if _is_dense(alg) else measured_selection(rows)
-        if m is not None:
+        if m is not None and (nominal != k or m["min"] != nominal or m["max"] != nominal):
             report.notes.append(f"{alg}: selected per worker per step, measured (metrics.csv): mean {m['mean']:.6g}, "
                                 f"min {m['min']:.6g}, max {m['max']:.6g} over {m['steps']} steps; nominal "
-                                f"{_nominal_total(summary, d, k)} (the bounds use the nominal k)")
+                                f"{nominal} (the bounds use the nominal k)")
     if k >= d:
         report.notes.append("k = d: no compression, the sparse bounds reduce to plain SGD's; nothing to check")
         return _finish(report, run_dir, write)
