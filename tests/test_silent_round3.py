@@ -263,14 +263,28 @@ def test_save_figure_reraises_an_error_without_a_write_error_under_it(tmp_path):
 # --- item 8: a torch timeout too small to connect the ranks ---------------------------------------------------------
 
 def test_local_torch_run_with_a_tiny_timeout_says_it_is_too_small(tmp_path):
+    """--timeout 0.01 showed the raw c10d errors (DistStoreError: wait timeout after 10ms ... Connect timeout); 10 ms
+    is sometimes enough on an idle machine, so the run uses 1 us, which no store connection meets (its client times
+    out "after 0ms"); the line is the one the torchrun entry point gives."""
     pytest.importorskip("torch")
-    r = _cli(["run", "--backend", "torch", "--nproc", "2", "--set", "training.iterations=2", "--timeout", "0.01",
+    r = _cli(["run", "--backend", "torch", "--nproc", "2", "--set", "training.iterations=2", "--timeout", "1e-6",
               "--out", str(tmp_path / "x")])
     line = _one_error_line(r)
     assert line.startswith("error: torch backend failed: rank "), line
     assert "process group of P = 2 did not form" in line
-    assert "--timeout / torch.timeout_s = 0.01 s (too small to start and connect the ranks: raise it); valid 0 < " \
+    assert "--timeout / torch.timeout_s = 1e-06 s (too small to start and connect the ranks: raise it); valid 0 < " \
            "timeout_s <= 604_800 s, default 60" in line
+
+
+def test_group_failed_line_for_the_store_timeout_of_a_10_ms_timeout():
+    pytest.importorskip("torch")
+    from sim.distributed.backend import group_failed
+
+    err = RuntimeError("wait timeout after 10ms, keys: /0//cpu//0/1\nException raised from wait at ...")
+    assert group_failed(0, "gloo", 2, err, 0.01) == (
+        "rank 0: the gloo process group of P = 2 did not form (RuntimeError: wait timeout after 10ms, keys: "
+        "/0//cpu//0/1); --timeout / torch.timeout_s = 0.01 s (too small to start and connect the ranks: raise it); "
+        "valid 0 < timeout_s <= 604_800 s, default 60")
 
 
 # --- item 9: predict --calibration without the network keys ---------------------------------------------------------
