@@ -298,3 +298,25 @@ def test_shifted_ring_rounds_are_the_ring_schedules_rounds(P, G):
         old = list(V.ring_rounds(C.ring_schedule(node, N), V.mapper(G, local), lambda c: V.chunk_size(own, N, c), 8))
         own_l = V.chunk_size(n, G, (np.arange(G) + 1) % G)
         same(list(V.shifted_ring_rounds(node, N, G, V.chunk_size(own_l[None, :], N, np.arange(N)[:, None]), 8)), old)
+
+
+def test_rotation_routes_shared_across_engines_give_the_same_bits():
+    """Ok-Topk's P - 1 rotations on a shared fabric (gtopk-icdcs: 4 GPUs share a NIC and PCIe) build their routes
+    once per cluster (sim.engine.fastsim._ROTATION_ROUTES) and every later engine reuses them: its times equal the
+    first engine's bit for bit and the message-level engine's at 1e-9."""
+    from sim.engine import fastsim as fs
+    from sim.engine.timing import simulate_timing
+    from sim.machine.topology import get_cluster_preset
+
+    P = 16
+    net = get_cluster_preset("gtopk-icdcs", P)
+    cm = ComputeModel(forward_backward_s=0.0, select_coeff_s=0.0, reduce_coeff_s=1e-9, merge_coeff_s=1e-9)
+    spec = AlgorithmSpec("oktopk", k=40)
+    fs._ROTATION_ROUTES.clear()
+    fs._rotation_held[:] = [None, 0]
+    first = simulate_timing(spec, P, 2000, network=net, compute=cm, iterations=2, engine="fast").iter_s
+    assert len(fs._ROTATION_ROUTES) == P - 1  # every rotation r -> r + c, c = 1..P-1
+    again = simulate_timing(spec, P, 2000, network=net, compute=cm, iterations=2, engine="fast").iter_s
+    assert np.array_equal(first, again)
+    msg = simulate_timing(spec, P, 2000, network=net, compute=cm, iterations=2, engine="message").iter_s
+    np.testing.assert_allclose(first, msg, rtol=1e-9, atol=0)

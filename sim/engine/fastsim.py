@@ -126,6 +126,46 @@ def _fifo(links, head, hold, tail, free, order, last_head):
     return start, end, overtaken
 
 
+#: Routes of rotations r -> (r + c) % P on shared fabrics, kept across FastCluster instances: (fabric, c) -> route.
+#: A plan times hundreds of collectives on one cluster, and Ok-Topk's P - 1 rotations each build a :meth:`_plan`
+#: (np.unique and lexsorts over P messages) that depends only on the fabric and c. A route is read-only data
+#: (link ids, latencies, bandwidths, FIFO tables), so a cached one gives the same bits. Bounded by the elements held
+#: (:data:`_ROTATION_CACHE_ELEMENTS`); cleared when another fabric comes or the bound is reached.
+_ROTATION_ROUTES: dict = {}
+_ROTATION_CACHE_ELEMENTS = 1 << 26  # about 0.5 GB of int64 / float64
+_rotation_held = [None, 0]  # the fabric the cache holds, elements held
+
+
+def _route_elements(route) -> int:
+    n = 0
+    stack = [route]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, np.ndarray):
+            n += x.size
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return n
+
+
+def _shared_rotation_route(eng: "FastCluster", c: int):
+    """:meth:`FastCluster._route` of the rotation by c on eng's shared ClusterSpec, from :data:`_ROTATION_ROUTES`."""
+    f = eng.fabric
+    if _rotation_held[0] is not f and _rotation_held[0] != f:
+        _ROTATION_ROUTES.clear()
+        _rotation_held[:] = [f, 0]
+    got = _ROTATION_ROUTES.get(c)
+    if got is None:
+        got = eng._route(eng._R, eng._R2[c:c + eng.P], c)
+        n = _route_elements(got)
+        if _rotation_held[1] + n > _ROTATION_CACHE_ELEMENTS:
+            _ROTATION_ROUTES.clear()
+            _rotation_held[1] = 0
+        _ROTATION_ROUTES[c] = got
+        _rotation_held[1] += n
+    return got
+
+
 class FastCluster:
     """P simulated ranks advanced a round at a time (see the module docstring).
 
@@ -365,6 +405,8 @@ class FastCluster:
             if not np.array_equal(src[d], s) or int(np.count_nonzero(src >= 0)) != s.shape[0]:
                 raise RuntimeError(bad)
         everyone = s.shape[0] == P
+        if rot is not None and isinstance(self.fabric, ClusterSpec) and not self._unshared:
+            return s, d, _shared_rotation_route(self, rot), everyone, rot
         return s, d, (self._route(s, d, rot) if s.shape[0] else None), everyone, rot
 
     def _route(self, s, d, rot=None):
