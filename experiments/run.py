@@ -41,7 +41,7 @@ from .build import Built, build
 from .outdir import check_out, file_record, partial_dir, publish
 from .progress import progress_bar, run_clock
 from .record import provenance, run_id, versions, write_metrics
-from .resolve import network_summary
+from .resolve import measured_selection, network_summary
 from .resources import check_resources
 from .run_net import net_resolved, write_net_trace
 from .scenario import Scenario, used_keys_dump
@@ -150,7 +150,9 @@ def _totals(rows: list[dict]) -> dict:
     """summary.json's ``totals`` of one algorithm from its metrics rows (iteration 0 first, dicts with
     :data:`METRIC_COLUMNS`): iterations, simulated time (s) and mean per-iteration times (s), bytes sent per
     worker, first / final / smallest loss and squared gradient norm (of the evaluated rows), largest and mean
-    delta (None when no row has one), largest mass error, and a [model] run's accuracies."""
+    delta (None when no row has one), largest mass error, the entries each worker selected per step as measured
+    (``selected_per_worker``: mean / min / max / steps, :func:`experiments.resolve.measured_selection`; None
+    without a count), and a [model] run's accuracies."""
     last = rows[-1]
     it = [r for r in rows if r["iteration"] > 0]
     n = max(len(it), 1)
@@ -171,6 +173,7 @@ def _totals(rows: list[dict]) -> dict:
         "max_delta": max(deltas) if deltas else None,
         "mean_delta": (sum(deltas) / len(deltas)) if deltas else None,
         "max_mass_error": max(r["mass_error"] for r in rows),
+        "selected_per_worker": measured_selection(rows),
         **_accuracy_totals(evald),
     }
 

@@ -67,6 +67,9 @@ def test_check_of_a_layerwise_run_where_every_segment_sends_everything_is_a_note
             f"mean {sum(sel) / len(sel):.6g}, min {min(sel):.6g}, max {max(sel):.6g}") in r.output
     r2 = _cli(["check", str(out)])
     assert r2.exit_code == 0, r2.output
+    import json
+    tot = json.loads((out / "summary.json").read_text())["totals"]["topk[layerwise]"]
+    assert tot["selected_per_worker"] == {"mean": sum(sel) / len(sel), "min": min(sel), "max": max(sel), "steps": 2}
 
 
 def test_check_eta_note_names_the_c_it_used(tmp_path):
