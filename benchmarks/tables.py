@@ -432,21 +432,6 @@ def _part(exp: str, start: str | None, stop: str | None, **kw) -> Callable[[], s
     return lambda: experiment_part(exp, start, stop, **kw)
 
 
-def hybrid() -> str:
-    """The hybrid per-bucket plan against the best uniform policy under the same bound, from
-    ``benchmarks/results/hybrid.csv`` (``benchmarks/bench_hybrid.py``)."""
-    bound = {"min_density": "density >=", "density": "density <="}
-    body = []
-    for r in rows("hybrid"):
-        body.append([r["network"], r["device"], r["P"], r["algorithm"], f"{bound.get(r['bound'], r['bound'])} "
-                     f"{f(r['bound_value'], 'g')}", r["plan"], f(r["hybrid_ms"], ".4g"), f(r["plan_density"], ".3g"),
-                     f"{r['best_uniform']} ({f(r['best_uniform_ms'], '.4g')})", f"{float(r['gain']):.3f}x",
-                     f(r["dense_ms"], ".4g")])
-    return provenance("hybrid") + "\n\n" + table(
-        ["cluster", "device", "P", "algorithm", "bound", "plan (bucket 0 first; D = dense)", "hybrid ms",
-         "plan's density", "best uniform (ms)", "gain", "dense DDP ms"], body)
-
-
 def _advisor_csv(name: str) -> list[dict]:
     with (EXPERIMENT_RESULTS / "advisor-validation" / f"{name}.csv").open(newline="") as fh:
         return list(csv.DictReader(fh))
@@ -494,6 +479,59 @@ def advisor_cases() -> str:
         ["target", "cluster", "configuration", "s / iteration", "test acc at 20 %", "predicted iterations",
          "predicted TTA (s)", "measured iterations", "measured TTA (s)", "rank: measured", "learning curve",
          "s / iteration", "(1 - acc) x s / it"], body)
+
+
+def hybrid() -> str:
+    """The hybrid per-bucket plan against the best uniform policy under the same bound, from
+    ``benchmarks/results/hybrid.csv`` (``benchmarks/bench_hybrid.py``)."""
+    bound = {"min_density": "density >=", "density": "density <="}
+    body = []
+    for r in rows("hybrid"):
+        body.append([r["network"], r["device"], r["P"], r["algorithm"], f"{bound.get(r['bound'], r['bound'])} "
+                     f"{f(r['bound_value'], 'g')}", r["plan"], f(r["hybrid_ms"], ".4g"), f(r["plan_density"], ".3g"),
+                     f"{r['best_uniform']} ({f(r['best_uniform_ms'], '.4g')})", f"{float(r['gain']):.3f}x",
+                     f(r["dense_ms"], ".4g")])
+    return provenance("hybrid") + "\n\n" + table(
+        ["cluster", "device", "P", "algorithm", "bound", "plan (bucket 0 first; D = dense)", "hybrid ms",
+         "plan's density", "best uniform (ms)", "gain", "dense DDP ms"], body)
+
+
+def fast_p16k() -> str:
+    """Wall seconds of one collective per algorithm x collective on the fast engine at large P, this code against a
+    baseline revision, from ``benchmarks/results/fast_p16k.csv`` (``benchmarks/bench_fast_p16k.py``)."""
+    body = [[r["P"], r["algorithm"], r["collective"], f(r["sim_s"], ".4g"), f(r["wall_s"], ".3g"),
+             f(r["baseline_wall_s"], ".3g"), f"{float(r['speedup']):.3g}x", r["identical"]]
+            for r in rows("fast_p16k")]
+    return provenance("fast_p16k") + "\n\n" + table(
+        ["P", "algorithm", "collective", "simulated s", "wall s", "baseline wall s", "speed-up",
+         "simulated s identical"], body)
+
+
+def plan_bench_totals() -> str:
+    """The per-P and whole-run wall seconds of ``benchmarks/bench_plan.py`` (``benchmarks/results/plan.csv``): the
+    README's short table (docs/advisor.md has the parts)."""
+    body = [[r["P"], r["part"], r["configurations"], r["simulated"], f(r["wall_s"], ".4g"),
+             f(r["estimated_wall_s"], ".4g")]
+            for r in rows("plan") if r["part"] in ("all parts", "set-up (resolve_plan)", "whole run")]
+    return provenance("plan") + "\n\n" + table(["P", "", "configurations", "simulated", "wall s",
+                                                   "wall s with the skipped estimated"], body)
+
+
+def plan_bench() -> str:
+    """The wall time of ``sparsim plan``'s benchmark plan per P and its slowest parts, from
+    ``benchmarks/results/plan.csv`` (``benchmarks/bench_plan.py``)."""
+    rs = rows("plan")
+    totals = [r for r in rs if r["part"] in ("all parts", "set-up (resolve_plan)", "whole run")]
+    body = [[r["P"], r["part"], r["configurations"], r["simulated"], f(r["wall_s"], ".4g"),
+             f(r["estimated_wall_s"], ".4g")] for r in totals]
+    parts = sorted((r for r in rs if r not in totals), key=lambda r: -float(r["estimated_wall_s"]))[:10]
+    slow = [[r["P"], r["part"], r["configurations"], r["simulated"], f(r["wall_s"], ".4g"),
+             f(r["estimated_wall_s"], ".4g"), f(r["slowest_config_s"], ".3g")] for r in parts]
+    return (provenance("plan") + "\n\n" + table(["P", "", "configurations", "simulated", "wall s",
+                                                  "wall s with the skipped estimated"], body)
+            + "\n\nThe ten slowest parts (P, algorithm:collective policy, over 5 densities):\n\n"
+            + table(["P", "part", "configurations", "simulated", "wall s", "estimated s", "slowest configuration s"],
+                    slow))
 
 
 # ------------------------------------------------------------------ tables the code defines
@@ -554,9 +592,15 @@ BLOCKS: dict[str, tuple[Callable[[], str], str]] = {
     "crossover-simulated": (_part("crossover", "Simulated on the fast engine", None), "docs/results/crossover/report.md"),
     "bounds-results": (_part("bounds", "| objective |", None), "docs/results/bounds/results.md"),
     "tta-results": (_part("tta", "| algorithm |", None), "docs/results/tta/results.md"),
+    "plan-r50": (_part("plan-r50", None, None), "docs/results/plan-r50/plan.md"),
     "plan-tta": (_part("plan-tta", None, None), "docs/results/plan-tta/plan.md"),
+    "plan-tta-lenet5": (_part("plan-tta-lenet5", None, None), "docs/results/plan-tta-lenet5/plan.md"),
+    "tta-lenet5-results": (_part("tta-lenet5", "| algorithm |", None), "docs/results/tta-lenet5/results.md"),
     "plan-anchors-agarwal": (_part("plan-anchors", "## Agarwal", "## Espresso"), "docs/results/plan-anchors/anchors.md"),
     "plan-anchors-espresso": (_part("plan-anchors", "## Espresso", None), "docs/results/plan-anchors/anchors.md"),
+    "plan-bench": (plan_bench, "benchmarks/results/plan.csv"),
+    "plan-bench-totals": (plan_bench_totals, "benchmarks/results/plan.csv"),
+    "fast-p16k": (fast_p16k, "benchmarks/results/fast_p16k.csv"),
     "advisor-rankings": (advisor_rankings, "docs/results/advisor-validation/rankings.csv"),
     "advisor-cases": (advisor_cases, "docs/results/advisor-validation/cases.csv"),
 }
@@ -565,8 +609,9 @@ BLOCKS: dict[str, tuple[Callable[[], str], str]] = {
 # ------------------------------------------------------------------ the blocks in the pages
 
 def pages() -> list[Path]:
-    """The site's Markdown pages (docs/**/*.md without the committed experiment outputs in docs/results/)."""
-    return sorted(p for p in DOCS.rglob("*.md") if EXPERIMENT_RESULTS not in p.parents)
+    """The site's Markdown pages (docs/**/*.md without the committed experiment outputs in docs/results/) and the
+    README."""
+    return [DOCS.parent / "README.md"] + sorted(p for p in DOCS.rglob("*.md") if EXPERIMENT_RESULTS not in p.parents)
 
 
 def generate(name: str, cache: dict | None = None) -> str:
