@@ -586,3 +586,16 @@ def test_an_empty_evidence_csv_is_one_line_naming_the_file(tmp_path, content, ne
     r = _cli(["--model", MODEL, "--network", "10GbE", "--evidence", str(p), "--target", "0.8"], tmp_path)
     assert r.exit_code == 2 and needle in r.output and str(p) in r.output, r.output
     assert r.output.startswith("error:") and len(r.output.strip().splitlines()) == 1
+
+
+def test_anchors_under_quiet_say_what_they_run_on_stderr(tmp_path, monkeypatch):
+    """Before: --anchors --quiet printed nothing for its two minutes. The line counts the papers' sweeps from the
+    module's constants (run_anchors itself replaced: the sweep is tested elsewhere)."""
+    monkeypatch.setattr(pl, "run_anchors", lambda out, force=False, progress=False: (tmp_path / "a", ["table"]))
+    r = CliRunner().invoke(main, ["plan", "--anchors", "--out", str(tmp_path / "a"), "--quiet"])
+    assert r.exit_code == 0, r.output
+    n = len(pl.AGARWAL_MODELS), len(pl.ANCHOR_VARIANTS), len(pl.AGARWAL_BANDWIDTHS_GBPS)
+    assert r.stderr.startswith(f"plan --anchors: Agarwal et al.'s sweep ({n[0]} models x {n[1]} variants x {n[2]} "
+                               "bandwidths, each a plan at P = 64)")
+    assert f"Espresso's {len(pl.ESPRESSO_SIZES)} tensor sizes x 2 fabrics x {len(pl.ESPRESSO_VARIANTS)}" in r.stderr
+    assert r.stdout.splitlines()[0] == "table"
