@@ -593,6 +593,7 @@ BLOCKS: dict[str, tuple[Callable[[], str], str]] = {
     "bounds-results": (_part("bounds", "| objective |", None), "docs/results/bounds/results.md"),
     "tta-results": (_part("tta", "| algorithm |", None), "docs/results/tta/results.md"),
     "plan-r50": (_part("plan-r50", None, None), "docs/results/plan-r50/plan.md"),
+    "plan-r50-icdcs": (_part("plan-r50-icdcs", None, None), "docs/results/plan-r50-icdcs/plan.md"),
     "plan-tta": (_part("plan-tta", None, None), "docs/results/plan-tta/plan.md"),
     "plan-tta-lenet5": (_part("plan-tta-lenet5", None, None), "docs/results/plan-tta-lenet5/plan.md"),
     "tta-lenet5-results": (_part("tta-lenet5", "| algorithm |", None), "docs/results/tta-lenet5/results.md"),
