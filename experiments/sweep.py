@@ -48,9 +48,25 @@ def _dask_client(scheduler: str):
     if not str(scheduler).strip():  # an empty address is no address (Dask may then look for a default client)
         raise SparsimError(f"--scheduler {scheduler!r}: cannot connect to the Dask scheduler (missing port number in "
                            f"address {scheduler!r}): valid an address such as tcp://host:8786")
+    # a malformed address is refused before any Client exists: Client(...) raising on it leaves a half-built client
+    # whose finalizer, run by a later garbage collection inside another client's start, can deadlock on the loop
+    # runner's lock (the full test suite hung there once, in test_sweep's malformed-address cases)
+    from distributed.comm import parse_address
+    from distributed.comm.addressing import parse_host_port
+
+    try:
+        proto, loc = parse_address(str(scheduler))
+        if proto in ("tcp", "tls", "ws", "wss"):
+            parse_host_port(loc)
+    except ValueError as err:
+        raise SparsimError(f"--scheduler {scheduler!r}: cannot connect to the Dask scheduler ({err}): valid an "
+                           "address such as tcp://host:8786") from None
     try:
         return Client(scheduler, timeout=30)
-    except (OSError, TimeoutError, ValueError) as err:  # ValueError: a malformed address
+    except (OSError, TimeoutError, ValueError) as err:
+        import gc
+
+        gc.collect()  # the failed client's finalizer runs now, not inside the next client's start (see above)
         raise SparsimError(f"--scheduler {scheduler!r}: cannot connect to the Dask scheduler ({err})") from None
 
 

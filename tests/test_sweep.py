@@ -63,3 +63,20 @@ def test_a_malformed_scheduler_is_one_error_before_any_output(tmp_path, address)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and "cannot connect to the Dask scheduler" in lines[0], r.stderr
     assert not out.exists() and not (tmp_path / "d.partial").exists()  # nothing prepared before the check
+
+
+@pytest.mark.parametrize("address", ["garbage", "tcp://host:notaport"])
+def test_a_malformed_scheduler_builds_no_client(monkeypatch, address):
+    """A Client that raises on a malformed address is left half-built; its finalizer, run by a later garbage
+    collection inside another client's start, deadlocked on the loop runner's lock (the full suite hung once in
+    the test above). The address is now parsed first: no Client is ever constructed for it."""
+    distributed = pytest.importorskip("dask.distributed")
+    from experiments.sweep import resolve_jobs
+    from sim.base.errors import SparsimError
+
+    def no_client(*a, **k):
+        raise AssertionError("a Client was constructed for a malformed address")
+
+    monkeypatch.setattr(distributed, "Client", no_client)
+    with pytest.raises(SparsimError, match="cannot connect to the Dask scheduler"):
+        resolve_jobs(None, address)
