@@ -87,8 +87,12 @@ def _measured_selection_lines(path: Path, s: dict) -> Iterator[str]:
 
 
 def _dense_label(name: str) -> bool:
-    """True for a dense algorithm's label (it sends everything; its count is d, not a selection)."""
-    return name.split("[")[0] == "dense"
+    """True for the label of an algorithm without k (registry: ``sparse`` False; dense sends everything, its count
+    is d, not a selection)."""
+    from sim.algorithms import REGISTRY
+
+    algo = REGISTRY.get(name.split("[")[0])
+    return algo is not None and not algo.sparse
 
 
 def _net_lines(r: dict, s: dict) -> Iterator[str]:
