@@ -271,11 +271,12 @@ def successors_markdown(sp: ScalingPlan, srows: list[dict]) -> str:
     lines = ["### The algorithms after gTop-k on the paper's testbed (successors.csv)", "",
              "Timing-only simulation on 1 GbE with the same compute model and k as the paper's variants; each "
              "algorithm at its default collective and options (data-dependent message sizes take the algorithm's "
-             "timing-mode assumption: see `sparsim algorithms` and docs/algorithms/). The compute model charges a "
-             "top-k selection (its select coefficient) to every sparse algorithm that selects, rand-k and Gaussian-k "
-             "included, and nothing to PowerSGD's matrix products or Ok-Topk's threshold filter (reduce "
-             "coefficient 0 by default): those two are favoured, and CLT-k's leader selection shows up in its "
-             "communication time. Scaling efficiency in %:", "",
+             "timing-mode assumption: see `sparsim algorithms` and docs/algorithms/). The compute model charges each "
+             "algorithm's compression as it computes (docs/costs-per-device.md, compression per algorithm): a top-k "
+             "selection (the select coefficient) where one runs, rand-k's gathers, Gaussian-k's passes and DGC's "
+             "sampled selection at the device's memory speed, PowerSGD's matrix products at its FLOP rate; Ok-Topk's "
+             "threshold passes at the reduce coefficient (0 by default: it is favoured), and CLT-k's leader "
+             "selection shows up in its communication time. Scaling efficiency in %:", "",
              "| model | algorithm | collective | " + " | ".join(f"P = {P}" for P in Ps) + " |",
              "|---|---|---|" + "---|" * len(Ps)]
     seen = []

@@ -24,6 +24,7 @@ from sim.comm.costs import ring_allreduce_time, topk_allgather_time
 from sim.machine.compute import ComputeModel
 from sim.machine.network import get_preset
 from sim.machine.topology import get_cluster_preset
+from sim.workloads.devices import get_device
 from sim.workloads.model import Workload
 
 from .scaling_data import (CLUSTER, DENSITY, MAIN_VARIANTS, MODELS, NETWORK, PUBLISHED_P, SELECT_COEFF_S, VARIANTS,
@@ -97,6 +98,15 @@ def network_alpha_beta() -> tuple[float, float]:
     return get_preset(NETWORK).end_to_end_alpha_beta()
 
 
+def _paper_compute(**kw) -> ComputeModel:
+    """The papers' compute model: their measured Top-k selection fit (:data:`SELECT_COEFF_S`), and for the compressors
+    that run no Top-k (rand-k's gathers, Gaussian-k's passes, DGC's filter, PowerSGD's products) the P102-100's
+    memory and FLOP models (:meth:`sim.workloads.model.DeviceModel.costs`, the papers' GPU); kw: other fields."""
+    c = get_device("P102-100").costs(kinds=("scan", "matmul"))
+    return ComputeModel(select_coeff_s=SELECT_COEFF_S, scan_coeff_s=c["scan"].coeff_s,
+                        matmul_coeff_s=c["matmul"].coeff_s, **kw)
+
+
 def rel_error(sim: float, pub: float) -> float:
     """(sim - pub) / pub: a simulated value's relative error against the published one (a fraction; pub != 0)."""
     return (sim - pub) / pub
@@ -109,7 +119,7 @@ def _simulate_row(model: str, variant: str, spec: AlgorithmSpec, P: int, network
 
     m = MODELS[model]
     fb = m.compute_s()
-    cm = ComputeModel(forward_backward_s=fb, select_coeff_s=SELECT_COEFF_S)
+    cm = _paper_compute(forward_backward_s=fb)
     res = simulate_timing(spec, P, m.d, network=network, compute=cm, batch_size=m.batch, iterations=iterations,
                           engine="auto")
     t_iter = float(res.iter_s.mean())
@@ -259,7 +269,7 @@ def simulate_overlap_case(model: str, network: str, algorithm: str, policy: str,
     spec = variant_spec(algorithm, overlap_k(model))
     pol = TimelinePolicy(sparse=policy) if spec.algorithm.sparse else TimelinePolicy(dense=policy)
     res = simulate_timeline(spec, icdcs_workload(model), P, network=net, policy=pol, batch_size=m.batch,
-                            compute=ComputeModel(select_coeff_s=SELECT_COEFF_S), iterations=iterations, engine="auto")
+                            compute=_paper_compute(), iterations=iterations, engine="auto")
     t_iter = float(res.iter_s.mean())
     eff = 100.0 * m.compute_s() / t_iter
     pub = m.published[algorithm][PUBLISHED_P.index(P)] if P in PUBLISHED_P else None
