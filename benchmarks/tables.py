@@ -507,28 +507,26 @@ def fast_p16k() -> str:
          "simulated s identical"], body)
 
 
+PLAN_TOTAL_PARTS = ("all parts", "set-up (resolve_plan)", "whole run")
+
+
 def plan_bench_totals() -> str:
     """The per-P and whole-run wall seconds of ``benchmarks/bench_plan.py`` (``benchmarks/results/plan.csv``): the
-    README's short table (docs/advisor.md has the parts)."""
+    README's short table (docs/advisor.md adds the slowest parts, :func:`plan_bench`)."""
     body = [[r["P"], r["part"], r["configurations"], r["simulated"], f(r["wall_s"], ".4g"),
-             f(r["estimated_wall_s"], ".4g")]
-            for r in rows("plan") if r["part"] in ("all parts", "set-up (resolve_plan)", "whole run")]
+             f(r["estimated_wall_s"], ".4g")] for r in rows("plan") if r["part"] in PLAN_TOTAL_PARTS]
     return provenance("plan") + "\n\n" + table(["P", "", "configurations", "simulated", "wall s",
                                                    "wall s with the skipped estimated"], body)
 
 
 def plan_bench() -> str:
-    """The wall time of ``sparsim plan``'s benchmark plan per P and its slowest parts, from
-    ``benchmarks/results/plan.csv`` (``benchmarks/bench_plan.py``)."""
-    rs = rows("plan")
-    totals = [r for r in rs if r["part"] in ("all parts", "set-up (resolve_plan)", "whole run")]
-    body = [[r["P"], r["part"], r["configurations"], r["simulated"], f(r["wall_s"], ".4g"),
-             f(r["estimated_wall_s"], ".4g")] for r in totals]
-    parts = sorted((r for r in rs if r not in totals), key=lambda r: -float(r["estimated_wall_s"]))[:10]
+    """:func:`plan_bench_totals` and the ten slowest parts of the plan benchmark (``benchmarks/results/plan.csv``,
+    ``benchmarks/bench_plan.py``)."""
+    parts = sorted((r for r in rows("plan") if r["part"] not in PLAN_TOTAL_PARTS),
+                   key=lambda r: -float(r["estimated_wall_s"]))[:10]
     slow = [[r["P"], r["part"], r["configurations"], r["simulated"], f(r["wall_s"], ".4g"),
              f(r["estimated_wall_s"], ".4g"), f(r["slowest_config_s"], ".3g")] for r in parts]
-    return (provenance("plan") + "\n\n" + table(["P", "", "configurations", "simulated", "wall s",
-                                                  "wall s with the skipped estimated"], body)
+    return (plan_bench_totals()
             + "\n\nThe ten slowest parts (P, algorithm:collective policy, over 5 densities):\n\n"
             + table(["P", "part", "configurations", "simulated", "wall s", "estimated s", "slowest configuration s"],
                     slow))
