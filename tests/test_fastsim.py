@@ -302,7 +302,7 @@ def test_shifted_ring_rounds_are_the_ring_schedules_rounds(P, G):
 
 def test_rotation_routes_shared_across_engines_give_the_same_bits():
     """Ok-Topk's P - 1 rotations on a shared fabric (gtopk-icdcs: 4 GPUs share a NIC and PCIe) build their routes
-    once per cluster (sim.engine.fastsim._ROTATION_ROUTES) and every later engine reuses them: its times equal the
+    once per cluster (sim.engine.fastsim.ROTATION_ROUTES) and every later engine reuses them: its times equal the
     first engine's bit for bit and the message-level engine's at 1e-9."""
     from sim.engine import fastsim as fs
     from sim.engine.timing import simulate_timing
@@ -312,10 +312,9 @@ def test_rotation_routes_shared_across_engines_give_the_same_bits():
     net = get_cluster_preset("gtopk-icdcs", P)
     cm = ComputeModel(forward_backward_s=0.0, select_coeff_s=0.0, reduce_coeff_s=1e-9, merge_coeff_s=1e-9)
     spec = AlgorithmSpec("oktopk", k=40)
-    fs._ROTATION_ROUTES.clear()
-    fs._rotation_held[:] = [None, 0]
+    fs.ROTATION_ROUTES.clear()
     first = simulate_timing(spec, P, 2000, network=net, compute=cm, iterations=2, engine="fast").iter_s
-    assert len(fs._ROTATION_ROUTES) == P - 1  # every rotation r -> r + c, c = 1..P-1
+    assert len(fs.ROTATION_ROUTES.routes) == P - 1  # every rotation r -> r + c, c = 1..P-1
     again = simulate_timing(spec, P, 2000, network=net, compute=cm, iterations=2, engine="fast").iter_s
     assert np.array_equal(first, again)
     msg = simulate_timing(spec, P, 2000, network=net, compute=cm, iterations=2, engine="message").iter_s

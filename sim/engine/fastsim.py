@@ -126,44 +126,50 @@ def _fifo(links, head, hold, tail, free, order, last_head):
     return start, end, overtaken
 
 
-#: Routes of rotations r -> (r + c) % P on shared fabrics, kept across FastCluster instances: (fabric, c) -> route.
-#: A plan times hundreds of collectives on one cluster, and Ok-Topk's P - 1 rotations each build a :meth:`_plan`
-#: (np.unique and lexsorts over P messages) that depends only on the fabric and c. A route is read-only data
-#: (link ids, latencies, bandwidths, FIFO tables), so a cached one gives the same bits. Bounded by the elements held
-#: (:data:`_ROTATION_CACHE_ELEMENTS`); cleared when another fabric comes or the bound is reached.
-_ROTATION_ROUTES: dict = {}
-_ROTATION_CACHE_ELEMENTS = 1 << 26  # about 0.5 GB of int64 / float64
-_rotation_held = [None, 0]  # the fabric the cache holds, elements held
+class _RotationRoutes:
+    """Routes of rotations r -> (r + c) % P on a shared fabric, kept across :class:`FastCluster` instances: c ->
+    :meth:`FastCluster._route` of that rotation. A plan times hundreds of collectives on one cluster, and Ok-Topk's
+    P - 1 rotations each build a :meth:`FastCluster._plan` (np.unique and lexsorts over P messages) that depends
+    only on the fabric and c. A route is read-only data (link ids, latencies, bandwidths, FIFO tables), so a cached
+    one gives the same bits. Holds one fabric at a time and at most ``max_elements`` array elements (about 0.5 GB
+    of int64 / float64 by default); cleared when another fabric comes or the bound would be passed."""
+
+    def __init__(self, max_elements: int = 1 << 26):
+        self.max_elements = max_elements
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every route (and the fabric)."""
+        self.fabric, self.elements, self.routes = None, 0, {}
+
+    def get(self, eng: "FastCluster", c: int):
+        """The route of the rotation by c (1 <= c < P) on ``eng``'s ClusterSpec, built on first use."""
+        f = eng.fabric
+        if self.fabric is not f and self.fabric != f:
+            self.clear()
+            self.fabric = f
+        got = self.routes.get(c)
+        if got is None:
+            got = eng._route(eng._R, eng._R2[c:c + eng.P], c)
+            n = sum(x.size for x in _arrays(got))
+            if self.elements + n > self.max_elements:
+                self.routes, self.elements = {}, 0
+            self.routes[c] = got
+            self.elements += n
+        return got
 
 
-def _route_elements(route) -> int:
-    n = 0
-    stack = [route]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, np.ndarray):
-            n += x.size
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-    return n
+def _arrays(x):
+    """The numpy arrays inside nested lists / tuples (a route), depth first."""
+    if isinstance(x, np.ndarray):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _arrays(y)
 
 
-def _shared_rotation_route(eng: "FastCluster", c: int):
-    """:meth:`FastCluster._route` of the rotation by c on eng's shared ClusterSpec, from :data:`_ROTATION_ROUTES`."""
-    f = eng.fabric
-    if _rotation_held[0] is not f and _rotation_held[0] != f:
-        _ROTATION_ROUTES.clear()
-        _rotation_held[:] = [f, 0]
-    got = _ROTATION_ROUTES.get(c)
-    if got is None:
-        got = eng._route(eng._R, eng._R2[c:c + eng.P], c)
-        n = _route_elements(got)
-        if _rotation_held[1] + n > _ROTATION_CACHE_ELEMENTS:
-            _ROTATION_ROUTES.clear()
-            _rotation_held[1] = 0
-        _ROTATION_ROUTES[c] = got
-        _rotation_held[1] += n
-    return got
+#: The process's rotation routes (:class:`_RotationRoutes`).
+ROTATION_ROUTES = _RotationRoutes()
 
 
 class FastCluster:
@@ -406,7 +412,7 @@ class FastCluster:
                 raise RuntimeError(bad)
         everyone = s.shape[0] == P
         if rot is not None and isinstance(self.fabric, ClusterSpec) and not self._unshared:
-            return s, d, _shared_rotation_route(self, rot), everyone, rot
+            return s, d, ROTATION_ROUTES.get(self, rot), everyone, rot
         return s, d, (self._route(s, d, rot) if s.shape[0] else None), everyone, rot
 
     def _route(self, s, d, rot=None):
