@@ -459,7 +459,8 @@ def plan_cmd(scenario, model, network, P, densities, algorithms, policies, devic
                                "--anchors with --out, --force, --quiet only")
         click.echo(f"plan --anchors: Agarwal et al.'s sweep ({len(pl.AGARWAL_MODELS)} models x {len(pl.ANCHOR_VARIANTS)} "
                    f"variants x {len(pl.AGARWAL_BANDWIDTHS_GBPS)} bandwidths, each a plan at P = 64) and Espresso's "
-                   f"{len(pl.ESPRESSO_SIZES)} tensor sizes x 2 fabrics x {len(pl.ESPRESSO_VARIANTS)} variants: about "
+                   f"{len(pl.ESPRESSO_SIZES)} tensor sizes x {len(pl.ESPRESSO_THRESHOLDS)} fabrics x {len(pl.ESPRESSO_VARIANTS)} "
+                   "variants: about "
                    "2 minutes on 2 cores", err=True)
         path, lines = pl.run_anchors(out or "runs/plan-anchors", force=force, progress=not quiet)
         for line in lines:

@@ -597,5 +597,6 @@ def test_anchors_under_quiet_say_what_they_run_on_stderr(tmp_path, monkeypatch):
     n = len(pl.AGARWAL_MODELS), len(pl.ANCHOR_VARIANTS), len(pl.AGARWAL_BANDWIDTHS_GBPS)
     assert r.stderr.startswith(f"plan --anchors: Agarwal et al.'s sweep ({n[0]} models x {n[1]} variants x {n[2]} "
                                "bandwidths, each a plan at P = 64)")
-    assert f"Espresso's {len(pl.ESPRESSO_SIZES)} tensor sizes x 2 fabrics x {len(pl.ESPRESSO_VARIANTS)}" in r.stderr
+    assert (f"Espresso's {len(pl.ESPRESSO_SIZES)} tensor sizes x {len(pl.ESPRESSO_THRESHOLDS)} fabrics x "
+            f"{len(pl.ESPRESSO_VARIANTS)}") in r.stderr
     assert r.stdout.splitlines()[0] == "table"
