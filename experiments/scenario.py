@@ -36,7 +36,11 @@ class _Strict(BaseModel):
     def _no_bools(cls, v, info):
         ann = cls.model_fields[info.field_name].annotation
         if isinstance(v, bool) and ann in (int, float, int | None):
-            raise ValueError(f"expected a number, got the boolean {v}")
+            # a type error (not a ValueError), so the message says what the key takes with its range
+            from pydantic_core import PydanticCustomError
+
+            kind = "int_type" if ann in (int, int | None) else "float_type"
+            raise PydanticCustomError(kind, "expected a number, got the boolean {v}", {"v": v})
         return v
 
     def changed_keys(self, keys) -> list[str]:

@@ -348,3 +348,13 @@ def test_jobs_beyond_the_cap_is_out_of_range(tmp_path):
     assert line == ("error: --jobs 1000000 is out of range: valid 1 <= jobs <= 1024 (a run starts at most one process "
                     "per algorithm)")
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("kv, line", [
+    ("cluster.P=true", "cluster.P = True must be an integer: valid 1 <= P <= 65_536"),
+    ("compression.density=true", "compression.density = True must be a number: valid 0 < density <= 1"),
+])
+def test_a_boolean_where_a_number_goes_names_the_range(tmp_path, kv, line):
+    """Before: 'expected a number, got the boolean True' with no valid range (a fresh-clone review)."""
+    r = _cli(["run", "--out", str(tmp_path / "b"), "--set", kv])
+    assert r.exit_code == 2 and r.output.strip() == f"error: --set {kv}: {line}", r.output
