@@ -126,6 +126,16 @@ def _fifo(links, head, hold, tail, free, order, last_head):
     return start, end, overtaken
 
 
+def _by_link_then_sender(links, order):
+    """Positions sorted by (link, order): ``np.lexsort((order, links))`` (int arrays (m,) of ids >= 0), with one
+    stable counting-friendly sort of the link ids when ``order`` is already increasing (the senders of a round,
+    listed by rank), the same permutation."""
+    if order.shape[0] < 2 or bool(np.all(order[1:] > order[:-1])):
+        key = links.astype(np.uint16) if links.shape[0] and int(links.max()) < 1 << 16 else links
+        return np.argsort(key, kind="stable")  # a radix sort for 16-bit keys
+    return np.lexsort((order, links))
+
+
 class _RotationRoutes:
     """Routes of rotations r -> (r + c) % P on a shared fabric, kept across :class:`FastCluster` instances: c ->
     :meth:`FastCluster._route` of that rotation. A plan times hundreds of collectives on one cluster, and Ok-Topk's
@@ -435,13 +445,17 @@ class FastCluster:
                     None)
         if isinstance(f, ClusterSpec):
             R = f.routes(s, d)
-            sig = ((R >= 0) * (1 << np.arange(6))).sum(axis=1)  # which levels each message crosses
-            groups = [np.flatnonzero(sig == g) for g in np.unique(sig).tolist()]
-            shared_links = [R[gi][:, lev] for gi in groups for lev in self._shared if (R[gi][:, lev] >= 0).all()]
+            sig = (R >= 0).astype(np.int64) @ (1 << np.arange(6, dtype=np.int64))  # which levels each message crosses
+            present = np.flatnonzero(np.bincount(sig, minlength=64))  # (np.unique's values, by counting: O(m))
+            if present.shape[0] == 1:
+                return [(None, self._plan(R, s))]
+            groups = [np.flatnonzero(sig == g) for g in present.tolist()]
+            Rg = [R[gi] for gi in groups]
+            shared_links = [r[:, lev] for r in Rg for lev in self._shared if (r[:, lev] >= 0).all()]
             allsh = np.concatenate(shared_links) if shared_links else np.empty(0, dtype=np.int64)
-            if len(groups) > 1 and np.unique(allsh).shape[0] < allsh.shape[0]:
-                groups = [np.arange(s.shape[0])]  # a link shared across groups: serve all messages together
-            return [(None if gi.shape[0] == s.shape[0] else gi, self._plan(R[gi], s[gi])) for gi in groups]
+            if allsh.shape[0] and np.bincount(allsh).max() > 1:  # a link shared across groups: serve all together
+                return [(None, self._plan(R, s))]
+            return [(gi, self._plan(r, s[gi])) for gi, r in zip(groups, Rg)]
         P = self.P  # ring topology (star and direct are _unshared): shortest direction, ties clockwise; link ids cw = node, ccw = P + node
         cw = (d - s) % P
         step = np.where(cw <= P - cw, 1, -1)
@@ -482,12 +496,12 @@ class FastCluster:
                 continue
             flush(has)
             links = col[has]
-            state = "unique" if np.unique(links).shape[0] == links.shape[0] else "fifo"
+            per_link = np.bincount(links)  # messages on each link (np.unique's counts, by counting: O(m))
+            state = "unique" if per_link.max() <= 1 else "fifo"
             if state == "fifo":  # every link with the same number of messages: a (links x messages) table
-                pos = np.lexsort((order[has], links))
-                _, counts = np.unique(links[pos], return_counts=True)
+                counts = per_link[per_link > 0]
                 if counts.min() == counts.max():
-                    members = pos.reshape(-1, int(counts[0]))  # row: one link's messages, by sender rank
+                    members = _by_link_then_sender(links, order[has]).reshape(-1, int(counts[0]))  # row: a link's messages
                     state = ("table", members, links[members[:, 0]])
             segs.append(("link", sub(has), links, self._lat[links], self._bw[links], state))
         flush(np.ones(m, dtype=bool))
