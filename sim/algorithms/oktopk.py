@@ -279,7 +279,7 @@ class OkTopK(Algorithm):
         yield V.Work("reduce", d)
         R2 = np.concatenate((R, R))  # slices of it are the rotations: R2[i:i + P] = (R + i) % P
         for i in range(1, P):
-            yield V.Round(R2[i:i + P], R2[P - i:2 * P - i], m)
+            yield V.Round(R2[i:i + P], R2[P - i:2 * P - i], m, ("rotation", i))
         yield V.Work("reduce", P * kr)
         yield V.Work("reduce", V.chunk_size(d, P, R))
         for dst, src, cnt in C.bruck_schedule(R, P):  # the counts allgather

@@ -216,7 +216,7 @@ def _split_phase_rounds(R, pof2, rem, cnt, dns, d, vb, s_el, t, active):
     for j in range(1, pof2):
         # with no fold (rem = 0) every rank is a survivor and _rd_real is the identity: the partner is u ^ j
         peer = u ^ j if everyone and rem == 0 else np.where(active, C._rd_real(u ^ j, rem), -1)
-        yield V.Round(peer, peer, b)
+        yield V.Round(peer, peer, b, ("ssar-split", j))  # peer depends on P and j only (rem and active: on P)
     # the owner's merges in newrank order: the pieces of survivor w are those of real rank _rd_real(w)
     order = C._rd_real(np.arange(pof2), rem)
     pc, pd = p[order], piece_dense[order]

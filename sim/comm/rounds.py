@@ -24,7 +24,7 @@ table (:func:`shifted_ring_rounds`) so an engine may evaluate elementwise costs 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Union
+from typing import Hashable, Iterator, Union
 
 import numpy as np
 
@@ -48,11 +48,17 @@ class Work:
 @dataclass(frozen=True, eq=False)
 class Round:
     """One round of messages: rank r sends ``nbytes`` (int, or int array (P,)) bytes to ``dst[r]`` and receives
-    from ``src[r]`` (int arrays (P,); -1: no send / no receive). The sends and receives form a matching."""
+    from ``src[r]`` (int arrays (P,); -1: no send / no receive). The sends and receives form a matching.
+
+    ``pattern``: an optional hashable name of (dst, src) that an engine may use in its caches: ``("rotation", c)``
+    promises dst[r] = (r + c) % P and src[r] = (r - c) % P for every rank (1 <= c < P); any other name promises
+    only that Rounds of one collective on one P with equal names have equal dst and src (tests/test_fastsim.py
+    checks both for every registered algorithm). None: no promise."""
 
     dst: np.ndarray
     src: np.ndarray
     nbytes: Union[int, np.ndarray]
+    pattern: Hashable = None
 
 
 #: What a vectorised collective yields.
@@ -150,8 +156,10 @@ def shifted_ring_rounds(pos: np.ndarray, n_ring: int, inner: int, sizes: np.ndar
     ext.setflags(write=False)  # read-only: an engine may compute elementwise functions of them once
     ext_b.setflags(write=False)
     P = pos.shape[0]
+    # the usual layout, rank r = (r // inner) * inner + r % inner: every round is the rotation by inner
+    rot = ("rotation", inner) if P > inner and np.array_equal(gd, (np.arange(P) + inner) % P) else None
     for _, _, send_c, recv_c, reduce in C.ring_schedule(0, n_ring):
-        yield Round(gd, gs, ext_b[send_c * inner:send_c * inner + P])
+        yield Round(gd, gs, ext_b[send_c * inner:send_c * inner + P], rot)
         if reduce:
             yield Work("reduce", ext[recv_c * inner:recv_c * inner + P])
 

@@ -181,6 +181,49 @@ def _arrays(x):
 #: The process's rotation routes (:class:`_RotationRoutes`).
 ROTATION_ROUTES = _RotationRoutes()
 
+#: A run of at least this many named rounds is evaluated whole (:meth:`FastCluster.run`).
+_RUN_MIN = 16
+
+
+class _Phases:
+    """Results of runs of named rounds from an untouched engine on a shared fabric (:meth:`FastCluster._memo_phase`),
+    kept across :class:`FastCluster` instances: (rounds' names and sizes) -> (clocks (P,), link free times, link
+    last heads, messages, bytes, overtaken). A plan times the same phase for every k whose messages have the same
+    size (Ok-Topk's P - 1 rotations of ceil(k / P) entries, SparCML's split pieces). The same bits as simulating it
+    again: the same operations on the same inputs. Holds one fabric and P at a time and at most ``max_elements``
+    array elements (64M: about 0.5 GB); cleared when another fabric comes or the bound would be passed."""
+
+    def __init__(self, max_elements: int = 1 << 26):
+        self.max_elements = max_elements
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every phase."""
+        self.fabric, self.P, self.elements, self.phases = None, None, 0, {}
+
+    def get(self, fabric, P: int, sig):
+        """The stored result of phase ``sig`` on (fabric, P), or None."""
+        if self.P != P or (self.fabric is not fabric and self.fabric != fabric):
+            return None
+        return self.phases.get(sig)
+
+    def put(self, fabric, P: int, sig, result) -> None:
+        """Store ``result`` (read-only copies are kept) for phase ``sig`` on (fabric, P)."""
+        if self.P != P or (self.fabric is not fabric and self.fabric != fabric):
+            self.clear()
+            self.fabric, self.P = fabric, P
+        n = sum(x.size for x in result[:3])
+        if self.elements + n > self.max_elements:
+            self.phases, self.elements = {}, 0
+        for x in result[:3]:
+            x.setflags(write=False)
+        self.phases[sig] = result
+        self.elements += n
+
+
+#: The process's phases (:class:`_Phases`).
+PHASES = _Phases()
+
 
 class FastCluster:
     """P simulated ranks advanced a round at a time (see the module docstring).
@@ -318,14 +361,189 @@ class FastCluster:
     def run(self, ops, iteration: int) -> None:
         """Interpret a vectorised program (:mod:`sim.comm.rounds`): each :class:`~sim.comm.rounds.Work` as
         :meth:`compute` at ``iteration``, each :class:`~sim.comm.rounds.Round` as :meth:`exchange`, in order.
-        Raises TypeError for anything else."""
-        for op in ops:
+
+        Runs of rounds that name their pattern (:attr:`~sim.comm.rounds.Round.pattern`) are evaluated whole where
+        that gives the same bits: on a fabric with no shared link, rotations in compiled loops (a ring's rounds
+        with their reduces, :func:`sim.engine._fast_numba.ring_run`; rotations of one size per round on a state
+        periodic in the local index, folded to one node, :func:`sim.engine._fast_numba.rotations_folded`); on a
+        fabric with shared links, a run of named rounds of scalar sizes that starts from the untouched state of a
+        new engine (every clock 0, every link free at 0 and never used) is simulated once per process and fabric
+        and reused (:data:`PHASES`: Ok-Topk's P - 1 rotations and SparCML's split rounds repeat for every k of a
+        plan). Raises TypeError for anything else than Work and Round."""
+        ops = ops if isinstance(ops, list) else list(ops)
+        i, n = 0, len(ops)
+        while i < n:
+            op = ops[i]
             if isinstance(op, Round):
+                if op.pattern is not None and self._ops is None:
+                    j = self._named_run(ops, i)
+                    if j > i:
+                        i = j
+                        continue
                 self.exchange(op.dst, op.src, op.nbytes)
             elif isinstance(op, Work):
                 self.compute(op.kind, op.work, iteration)
             else:
                 raise TypeError(f"{op!r} is not a sim.comm.rounds Work or Round")
+            i += 1
+
+    # -- runs of named rounds ---------------------------------------------------------------
+    def _named_run(self, ops, i: int) -> int:
+        """Evaluate the run of named rounds starting at ops[i] as a whole if it qualifies (see :meth:`run`);
+        return the index after what was evaluated, or i when nothing was (the caller takes ops[i] alone)."""
+        n = len(ops)
+        j = i
+        while j < n and isinstance(ops[j], Round) and ops[j].pattern is not None and np.ndim(ops[j].nbytes) == 0:
+            j += 1
+        if j - i >= _RUN_MIN:  # rounds of scalar sizes
+            if self._unshared:
+                return j if self._folded_rotations(ops[i:j]) else i
+            return j if self._memo_phase(ops[i:j]) else i
+        if self._unshared and np.ndim(ops[i].nbytes) == 1:
+            return self._ring_run(ops, i)
+        return i
+
+    def _kernels(self):
+        from sim.base.optional import kernels
+
+        return kernels("sim.engine._fast_numba")
+
+    def _folded_rotations(self, rounds) -> bool:
+        """Rotations of scalar sizes on a fabric with no shared link, from clocks periodic in the local index:
+        every rank does the same operations as its local index on node 0, so the G clocks of node 0 are evolved
+        alone (:func:`sim.engine._fast_numba.rotations_folded`) and tiled. False (nothing done) when a round is not
+        a rotation, the clocks are not periodic or numba is missing."""
+        if any(not (isinstance(r.pattern, tuple) and r.pattern[0] == "rotation") for r in rounds):
+            return False
+        K = self._kernels()
+        if K is None:
+            return False
+        f = self.fabric
+        G = f.gpus_per_node if isinstance(f, ClusterSpec) else 1
+        P = self.P
+        fold = self.ready[:G]
+        if G > 1 and not np.array_equal(self.ready.reshape(-1, G), np.broadcast_to(fold, (P // G, G))):
+            return False
+        if G == 1 and not bool(np.all(self.ready == self.ready[0])):
+            return False
+        shifts = np.array([r.pattern[1] for r in rounds], dtype=np.int64)
+        if np.any((shifts < 1) | (shifts >= P)):
+            return False
+        nbs = np.array([int(r.nbytes) for r in rounds], dtype=np.int64)
+        if isinstance(f, ClusterSpec):
+            _, _, Lt, it = self._classes
+        else:  # star / direct: every message the same path (see _route)
+            hops = 2 if f.topology == "star" else 1
+            Lt = np.full(3, np.float64(hops * f.link_latency_s))
+            it = np.full(3, np.float64(hops / f.link_bandwidth_Bps))
+        cost = Lt[None, :] + nbs[:, None] * it[None, :]  # (rounds, 3): the L + n inv of _transfer, per class
+        fold = fold.copy()
+        K.rotations_folded(fold, shifts, P // G, cost)
+        self.ready = np.tile(fold, P // G)
+        self.messages += P * len(rounds)
+        self.bytes += int(nbs.sum()) * P
+        return True
+
+    def _ring_run(self, ops, i: int) -> int:
+        """A ring on a fabric with no shared link: consecutive rotations by one c whose sizes are slices of one
+        read-only table (:func:`sim.comm.rounds.shifted_ring_rounds`), each maybe followed by a ``reduce`` Work
+        whose elements are slices of one read-only table, in one compiled loop
+        (:func:`sim.engine._fast_numba.ring_run`, the same operations as exchange and compute). Returns the index
+        after the run, or i when it does not qualify (too short, another shape, or numba missing)."""
+        pat = ops[i].pattern
+        if not (isinstance(pat, tuple) and pat[0] == "rotation") or not 1 <= pat[1] < self.P:
+            return i
+        n, P = len(ops), self.P
+        base_b = base_w = None
+        offs, secs = [], []
+        j = i
+        while j < n:
+            op = ops[j]
+            if not (isinstance(op, Round) and op.pattern == pat and np.ndim(op.nbytes) == 1):
+                break
+            v = self._slice_of(op.nbytes)
+            if v is None or (base_b is not None and v[0] is not base_b):
+                break
+            base_b = v[0]
+            offs.append(v[1])
+            j += 1
+            nxt = ops[j] if j < n else None
+            if isinstance(nxt, Work) and nxt.kind == "reduce" and np.ndim(nxt.work) == 1:
+                w = self._slice_of(nxt.work)
+                if w is None or (base_w is not None and w[0] is not base_w):
+                    secs.append(-1)
+                    break
+                base_w = w[0]
+                secs.append(w[1])
+                j += 1
+            else:
+                secs.append(-1)
+        if j - i < _RUN_MIN:
+            return i
+        K = self._kernels()
+        if K is None:
+            return i
+        rounds = len(offs)
+        dst, src = ops[i].dst, ops[i].src
+        key = (id(dst), id(src))  # the pattern's route, as exchange builds it (validates the matching)
+        if key != self._cache_key or self._cache_obj[0] is not dst or self._cache_obj[1] is not src:
+            self._cache_key, self._cache_obj = None, None
+            self._cache = self._pattern(dst, src)
+            self._cache_key, self._cache_obj = key, (dst, src)
+        s, d, route, everyone, rot = self._cache
+        if rot != pat[1] or not everyone:
+            raise RuntimeError(f"fast engine: a round named {pat!r} is not that rotation (a pattern bug)")
+        _, L, inv, code, Lt, it = route
+        if code is None:
+            tables = [L + base_b * inv] * 3
+            code = np.zeros(P, dtype=np.int8)
+        else:  # the classes present (the others are never read)
+            tables = [Lt[c] + base_b * it[c] if present else base_b[:0] * 0.0
+                      for c, present in enumerate(np.bincount(code, minlength=3)[:3] > 0)]
+        sec_offsets = np.array(secs, dtype=np.int64)
+        if "reduce" in self._free_kinds or base_w is None:
+            sec_offsets[:] = -1
+            sec_table = np.zeros(1)
+        else:
+            sec_table = np.asarray(self.model.seconds_all("reduce", base_w, P, 0), dtype=np.float64)
+            if sec_table.ndim == 0:
+                return i
+        ready = self.ready.copy()
+        busy = self._busy[CATEGORY_OF_KIND["reduce"]].copy()
+        K.ring_run(ready, int(pat[1]), code, *(np.ascontiguousarray(t, dtype=np.float64) for t in tables),
+                   np.array(offs, dtype=np.int64), sec_table, sec_offsets, busy)
+        self.ready = ready
+        self._busy[CATEGORY_OF_KIND["reduce"]] = busy
+        self.messages += P * rounds
+        csum = np.concatenate(([0], np.cumsum(base_b, dtype=np.int64)))  # exact: integer bytes
+        o = np.array(offs, dtype=np.int64)
+        self.bytes += int((csum[o + P] - csum[o]).sum())
+        return j
+
+    def _memo_phase(self, rounds) -> bool:
+        """A run of named rounds of scalar sizes on a fabric with shared links, from the untouched state of a new
+        engine: its result (clocks, link states, counts) from :data:`PHASES`, simulated there on first use. False
+        (nothing done) when the state is not untouched."""
+        P = self.P
+        if self._free is None or not (bool(np.all(self.ready == 0.0)) and bool(np.all(self._free == 0.0))
+                                      and bool(np.all(self._last_head == -np.inf))):
+            return False
+        sig = tuple((r.pattern, int(r.nbytes)) for r in rounds)
+        got = PHASES.get(self.fabric, P, sig)
+        if got is None:
+            m0, b0 = self.messages, self.bytes
+            for r in rounds:
+                self.exchange(r.dst, r.src, r.nbytes)
+            got = (self.ready.copy(), self._free.copy(), self._last_head.copy(), self.messages - m0,
+                   self.bytes - b0, self._overtaken)
+            PHASES.put(self.fabric, P, sig, got)
+            return True
+        ready, free, last_head, msgs, nbytes, overtaken = got
+        self.ready, self._free, self._last_head = ready.copy(), free.copy(), last_head.copy()
+        self.messages += msgs
+        self.bytes += nbytes
+        self._overtaken |= overtaken
+        return True
 
     # -- communication ---------------------------------------------------------------------
     def exchange(self, dst, src, nbytes) -> None:

@@ -1,0 +1,91 @@
+"""Numba kernels of the fast engine (:mod:`sim.engine.fastsim`); imported lazily through
+:func:`sim.base.optional.kernels`, None without numba (the engine then takes its numpy path, the same bits).
+
+Both evaluate runs of *rotation* rounds (rank r sends to (r + c) % P and receives from (r - c) % P) on a fabric with
+no shared link, where a message costs its class's latency sum plus n times its class's 1 / slowest bandwidth
+(:meth:`sim.engine.fastsim.FastCluster._class_table`). They do, element by element and in the same order, the float
+operations of :meth:`FastCluster.exchange` and :meth:`FastCluster.compute` (rendezvous ``max``, ``start + cost``, the
+receive ``max``, ``ready + seconds``), so their results are the numpy path's bits; only the Python overhead of a
+round (tens of microseconds, P - 1 or 2(P - 1) times per collective) is gone.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def ring_run(ready, c, code, t0, t1, t2, offsets, sec_table, sec_offsets, busy_row):
+    """A ring's rounds on ``ready`` (float64 (P,), updated in place): round i is the rotation by c (1 <= c < P) where
+    rank r's message costs ``tK[offsets[i] + r]`` for K = code[r] (t0, t1, t2: float64 tables of latency sum +
+    bytes x 1 / bandwidth of classes 0, 1, 2 over the ring's read-only size table,
+    :func:`sim.comm.rounds.shifted_ring_rounds`); then, if ``sec_offsets[i] >= 0``, every rank computes
+    ``sec_table[sec_offsets[i] + r]`` seconds (a reduce), added to ``ready`` and to ``busy_row`` (float64 (P,), in
+    place). code: int8 (P,), offsets / sec_offsets: int64 (rounds,). Loops without index wrap-around (each rotation
+    split in two ranges) so that they vectorise."""
+    P = ready.shape[0]
+    arrive = np.empty(P)
+    for i in range(offsets.shape[0]):
+        off = offsets[i]
+        for r in range(P - c):
+            a = ready[r]
+            b = ready[r + c]
+            k = code[r]
+            x = t0[off + r] if k == 0 else (t1[off + r] if k == 1 else t2[off + r])
+            arrive[r] = (a if a >= b else b) + x
+        for r in range(P - c, P):
+            a = ready[r]
+            b = ready[r + c - P]
+            k = code[r]
+            x = t0[off + r] if k == 0 else (t1[off + r] if k == 1 else t2[off + r])
+            arrive[r] = (a if a >= b else b) + x
+        so = sec_offsets[i]
+        if so >= 0:
+            for r in range(c):
+                a = arrive[r]
+                b = arrive[r - c + P]
+                s = sec_table[so + r]
+                ready[r] = (a if a >= b else b) + s
+                busy_row[r] = busy_row[r] + s
+            for r in range(c, P):
+                a = arrive[r]
+                b = arrive[r - c]
+                s = sec_table[so + r]
+                ready[r] = (a if a >= b else b) + s
+                busy_row[r] = busy_row[r] + s
+        else:
+            for r in range(c):
+                a = arrive[r]
+                b = arrive[r - c + P]
+                ready[r] = a if a >= b else b
+            for r in range(c, P):
+                a = arrive[r]
+                b = arrive[r - c]
+                ready[r] = a if a >= b else b
+
+
+@njit(cache=True, nogil=True)
+def rotations_folded(ready, shifts, nodes, cost):
+    """Rotation rounds of one message size on a state periodic in the rank with period G (``ready``: float64 (G,),
+    the clocks of local indices 0..G-1, the same on every node; updated in place): round i is the rotation by
+    ``shifts[i]`` (int64 (rounds,)); the message of local index l costs ``cost[i, code]`` (float64 (rounds, 3)) with
+    code 0 (to itself), 1 (inside its node) or 2 (to another node) as
+    :meth:`sim.engine.fastsim.FastCluster._class_of` gives for a rotation. nodes: P / G.
+    Every rank of the unfolded state does the same operations on the same values, so the state stays periodic and
+    these G clocks are its exact values."""
+    G = ready.shape[0]
+    arrive = np.empty(G)
+    for i in range(shifts.shape[0]):
+        c = shifts[i]
+        for l in range(G):
+            q = l + c
+            off_node = (q // G) % nodes != 0
+            code = (1 if off_node else 0) + (1 if c != 0 else 0)
+            a = ready[l]
+            b = ready[q % G]
+            arrive[l] = (a if a >= b else b) + cost[i, code]
+        back = (-c) % G
+        for l in range(G):
+            a = arrive[l]
+            b = arrive[(l + back) % G]
+            ready[l] = a if a >= b else b

@@ -1,0 +1,143 @@
+"""Runs of named rounds (sim.comm.rounds.Round.pattern) evaluated whole by the fast engine give the bits of the
+round-by-round evaluation: rings and folded rotations in compiled loops on unshared fabrics, and phases reused from
+sim.engine.fastsim.PHASES on shared ones; and every producer's names keep their promise."""
+import numpy as np
+import pytest
+
+from sim.algorithms import REGISTRY, AlgorithmSpec
+from sim.comm.rounds import Round
+from sim.engine import fastsim as fs
+from sim.engine.fastsim import FastCluster, fast_iteration
+from sim.machine.compute import ComputeModel
+from sim.machine.network import NetworkSpec
+from sim.machine.topology import ClusterSpec, get_cluster_preset
+
+FREE = ComputeModel(forward_backward_s=0.0, select_coeff_s=0.0)
+COSTS = ComputeModel(forward_backward_s=1e-3, select_coeff_s=1e-11, reduce_coeff_s=4.1e-12, merge_coeff_s=1.7e-11,
+                     update_coeff_s=4.1e-12)
+
+
+def _timed(name: str, P: int, G: int):
+    """Every timing-capable collective of algorithm ``name``: AlgorithmSpecs (k = 37 for sparse ones)."""
+    a = REGISTRY[name]
+    out = []
+    for coll in a.collectives:
+        spec = AlgorithmSpec(name, k=37 if a.sparse else None, collective=coll, gpus_per_node=G)
+        try:
+            list(a.fast_rounds(spec, P, 5003, 1, G))
+        except Exception:  # a collective without a timing-only form (backend_allreduce) or not on this P
+            continue
+        out.append(spec)
+    return out
+
+
+def _iteration(net, P, spec, d, cm, whole: bool, monkeypatch):
+    """(ready, busy, messages, bytes) of one fast iteration, with runs evaluated whole or round by round."""
+    with monkeypatch.context() as m:
+        if not whole:
+            m.setattr(fs, "_RUN_MIN", 10**9)
+        eng = FastCluster(P, net, cm)
+        G = net.gpus_per_node if isinstance(net, ClusterSpec) else 1
+        eng.step(lambda e: fast_iteration(e, spec, d, 32, 1, G))
+        return eng.ready, eng.busy, eng.messages, eng.bytes
+
+
+NETS = {
+    "dgx-h100": lambda P: get_cluster_preset("dgx-h100", P),  # unshared: rings and folded rotations
+    "v100-25GbE": lambda P: get_cluster_preset("v100-25GbE", P),  # a shared NIC per node: phases
+    "gtopk-icdcs": lambda P: get_cluster_preset("gtopk-icdcs", P),  # shared NIC and PCIe: phases
+    "star": lambda P: NetworkSpec.from_alpha_beta(1e-5, 1e-9),
+    "ring": lambda P: NetworkSpec.from_alpha_beta(1e-5, 1e-9, "ring"),
+}
+
+
+@pytest.mark.parametrize("net_name", list(NETS))
+@pytest.mark.parametrize("P", [64, 96])
+@pytest.mark.parametrize("costly", [False, True])
+def test_whole_runs_give_the_round_by_round_bits(net_name, P, costly, monkeypatch):
+    """Every algorithm's every timing-capable collective, two sizes, with and without compute costs: the clocks,
+    busy seconds, messages and bytes are equal (==) with runs evaluated whole and round by round; a second engine
+    (a phase now reused from PHASES) gives them again."""
+    net = NETS[net_name](P)
+    G = net.gpus_per_node if isinstance(net, ClusterSpec) else 1
+    cm = COSTS if costly else FREE
+    fs.PHASES.clear()
+    for name in REGISTRY:
+        for spec in _timed(name, P, G):
+            for d in (5003, 123_457):
+                want = _iteration(net, P, spec, d, cm, False, monkeypatch)
+                for _ in range(2):  # the second: from PHASES where a phase qualified
+                    got = _iteration(net, P, spec, d, cm, True, monkeypatch)
+                    assert np.array_equal(got[0], want[0]), (name, spec.collective, d)
+                    assert np.array_equal(got[1], want[1]), (name, spec.collective, d)
+                    assert got[2:] == want[2:], (name, spec.collective, d)
+
+
+def test_phases_are_reused_and_kept_per_fabric():
+    """On a shared fabric, Ok-Topk's P - 1 rotations from an untouched engine are simulated once per message size:
+    a second k with the same ceil(k / P) adds no phase, a larger one adds one, another fabric starts afresh; and
+    with compute before the rotations (the state is no longer untouched) nothing is stored."""
+    P = 32
+    net = get_cluster_preset("gtopk-icdcs", P)
+    fs.PHASES.clear()
+
+    def once(k, cm=FREE, network=net):
+        eng = FastCluster(P, network, cm)
+        eng.step(lambda e: fs.fast_collective(e, AlgorithmSpec("oktopk", k=k), 4000, 1, 4))
+        return eng.ready
+
+    a = once(10)
+    assert len(fs.PHASES.phases) == 1
+    b = once(20)  # ceil(20 / 32) = ceil(10 / 32) = 1 entry per message: the same phase
+    assert len(fs.PHASES.phases) == 1
+    assert np.array_equal(a, b)  # d is the same, only k moved within one message size
+    once(100)  # 4 entries per message
+    assert len(fs.PHASES.phases) == 2
+    other = get_cluster_preset("v100-25GbE", P)
+    once(10, network=other)
+    assert fs.PHASES.fabric == other and len(fs.PHASES.phases) == 1
+    fs.PHASES.clear()
+    once(10, cm=COSTS)  # the reduces before the rotations move the clocks: not untouched
+    assert len(fs.PHASES.phases) == 0
+
+
+@pytest.mark.parametrize("P", [16, 24, 64, 96])
+def test_round_names_keep_their_promise(P):
+    """("rotation", c) rounds are the rotation r -> (r + c) % P with its inverse as sources; rounds with any other
+    name have the same dst and src wherever the name recurs, across sizes d and k, in every registered algorithm's
+    every timing-capable collective (on a cluster of nodes of 8, and flat)."""
+    R = np.arange(P)
+    for G in (1, 8):
+        if P % G:
+            continue
+        seen: dict = {}
+        for name in REGISTRY:
+            for spec0 in _timed(name, P, G):
+                for d, k in ((5003, 37), (123_457, 900)):
+                    spec = AlgorithmSpec(name, k=k if REGISTRY[name].sparse else None, collective=spec0.collective,
+                                         gpus_per_node=G)
+                    for op in REGISTRY[name].fast_rounds(spec, P, d, 1, G):
+                        if not isinstance(op, Round) or op.pattern is None:
+                            continue
+                        if op.pattern[0] == "rotation":
+                            c = op.pattern[1]
+                            assert 1 <= c < P
+                            assert np.array_equal(op.dst, (R + c) % P) and np.array_equal(op.src, (R - c) % P)
+                        key = (name, spec.collective, op.pattern)
+                        if key in seen:
+                            assert np.array_equal(seen[key][0], op.dst) and np.array_equal(seen[key][1], op.src)
+                        else:
+                            seen[key] = (op.dst.copy(), op.src.copy())
+        assert any(k[2][0] == "rotation" for k in seen)  # rings and Ok-Topk name theirs
+
+
+def test_a_misnamed_rotation_is_refused():
+    """A round that names itself a rotation but is not one is a pattern bug: RuntimeError, not a wrong time."""
+    P = 64
+    eng = FastCluster(P, get_cluster_preset("dgx-h100", P))
+    R = np.arange(P)
+    ext = np.full(2 * P, 400, dtype=np.int64)
+    ext.setflags(write=False)
+    bad = [Round((R + 2) % P, (R - 2) % P, ext[i:i + P], ("rotation", 1)) for i in range(20)]
+    with pytest.raises(RuntimeError, match="not that rotation"):
+        eng.run(bad, 1)
