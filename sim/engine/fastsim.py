@@ -35,6 +35,14 @@ is a rotation r -> (r + c) % P of every rank gathers by two slices; and sizes or
 read-only table (:func:`sim.comm.rounds.shifted_ring_rounds`) take their costs as slices of the table's
 elementwise costs, computed once. Each is the same elementwise operation on the same values as the direct
 evaluation, so every number is unchanged.
+
+Runs of named rounds (:attr:`sim.comm.rounds.Round.pattern`, see :meth:`FastCluster.run`) go further, still with
+the same bits: on a fabric with no shared link a ring's 2(P - 1) rotations and reduces run in one compiled loop
+(:mod:`sim.engine._fast_numba`, numba), and rotations of one size per round from clocks that are the same on every
+node (Ok-Topk's P - 1) are evolved for one node's G ranks only; on a fabric with shared links a named run that
+starts from an untouched engine (the collective timer's case) is simulated once per fabric, P and sizes and then
+reused (:data:`PHASES`). The cost of a ring stays O(P^2) operations (about 2 ns each compiled): 1.9 s for a dense
+ring at P = 16,384 on dgx-h100, against 7.6 s round by round.
 """
 from __future__ import annotations
 
