@@ -15,14 +15,14 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def ring_run(ready, c, code, t0, t1, t2, offsets, sec_table, sec_offsets, busy_row):
+def ring_run(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, busy_row):
     """A ring's rounds on ``ready`` (float64 (P,), updated in place): round i is the rotation by c (1 <= c < P) where
-    rank r's message costs ``tK[offsets[i] + r]`` for K = code[r] (t0, t1, t2: float64 tables of latency sum +
-    bytes x 1 / bandwidth of classes 0, 1, 2 over the ring's read-only size table,
-    :func:`sim.comm.rounds.shifted_ring_rounds`); then, if ``sec_offsets[i] >= 0``, every rank computes
-    ``sec_table[sec_offsets[i] + r]`` seconds (a reduce), added to ``ready`` and to ``busy_row`` (float64 (P,), in
-    place). code: int8 (P,), offsets / sec_offsets: int64 (rounds,). Loops without index wrap-around (each rotation
-    split in two ranges) so that they vectorise."""
+    rank r's message of ``sizes[offsets[i] + r]`` bytes costs ``lat[r] + sizes[offsets[i] + r] * inv[r]`` (lat, inv:
+    float64 (P,), the latency sum and 1 / slowest bandwidth of r's path; sizes: float64, the ring's read-only size
+    table (integers converted as numpy converts them in ``n * inv``), :func:`sim.comm.rounds.shifted_ring_rounds`); then, if ``work_offsets[i] >= 0``, every rank reduces
+    ``works[work_offsets[i] + r]`` elements (float64) at ``coeff`` s each, the seconds added to ``ready`` and to ``busy_row``
+    (float64 (P,), in place). offsets / work_offsets: int64 (rounds,). The loops avoid index wrap-around (each
+    rotation split in two ranges) so that they vectorise."""
     P = ready.shape[0]
     arrive = np.empty(P)
     for i in range(offsets.shape[0]):
@@ -30,27 +30,23 @@ def ring_run(ready, c, code, t0, t1, t2, offsets, sec_table, sec_offsets, busy_r
         for r in range(P - c):
             a = ready[r]
             b = ready[r + c]
-            k = code[r]
-            x = t0[off + r] if k == 0 else (t1[off + r] if k == 1 else t2[off + r])
-            arrive[r] = (a if a >= b else b) + x
+            arrive[r] = (a if a >= b else b) + (lat[r] + sizes[off + r] * inv[r])
         for r in range(P - c, P):
             a = ready[r]
             b = ready[r + c - P]
-            k = code[r]
-            x = t0[off + r] if k == 0 else (t1[off + r] if k == 1 else t2[off + r])
-            arrive[r] = (a if a >= b else b) + x
-        so = sec_offsets[i]
-        if so >= 0:
+            arrive[r] = (a if a >= b else b) + (lat[r] + sizes[off + r] * inv[r])
+        wo = work_offsets[i]
+        if wo >= 0:
             for r in range(c):
                 a = arrive[r]
                 b = arrive[r - c + P]
-                s = sec_table[so + r]
+                s = coeff * works[wo + r]
                 ready[r] = (a if a >= b else b) + s
                 busy_row[r] = busy_row[r] + s
             for r in range(c, P):
                 a = arrive[r]
                 b = arrive[r - c]
-                s = sec_table[so + r]
+                s = coeff * works[wo + r]
                 ready[r] = (a if a >= b else b) + s
                 busy_row[r] = busy_row[r] + s
         else:

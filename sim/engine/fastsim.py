@@ -462,32 +462,44 @@ class FastCluster:
         if not (isinstance(pat, tuple) and pat[0] == "rotation") or not 1 <= pat[1] < self.P:
             return i
         n, P = len(ops), self.P
-        base_b = base_w = None
+        nb0 = ops[i].nbytes
+        if not isinstance(nb0, np.ndarray) or nb0.ndim != 1 or self._slice_of(nb0) is None:
+            return i
+        base_b, owner_b, addr_b = self._slice_of(nb0)[0], nb0.base, self._bases[id(nb0.base)][2]
+        base_w = owner_w = addr_w = None
         offs, secs = [], []
         j = i
+
+        def offset(a, owner, addr):  # a's offset in its read-only owner (as _slice_of, checked more cheaply)
+            if not isinstance(a, np.ndarray) or a.base is not owner or a.shape != (P,) or a.strides[0] != a.itemsize:
+                return None
+            return (a.__array_interface__["data"][0] - addr) // a.itemsize
+
         while j < n:
             op = ops[j]
-            if not (isinstance(op, Round) and op.pattern == pat and np.ndim(op.nbytes) == 1):
+            if not (isinstance(op, Round) and op.pattern == pat):
                 break
-            v = self._slice_of(op.nbytes)
-            if v is None or (base_b is not None and v[0] is not base_b):
+            o = offset(op.nbytes, owner_b, addr_b)
+            if o is None:
                 break
-            base_b = v[0]
-            offs.append(v[1])
+            offs.append(o)
             j += 1
             nxt = ops[j] if j < n else None
-            if isinstance(nxt, Work) and nxt.kind == "reduce" and np.ndim(nxt.work) == 1:
-                w = self._slice_of(nxt.work)
-                if w is None or (base_w is not None and w[0] is not base_w):
+            if isinstance(nxt, Work) and nxt.kind == "reduce" and isinstance(nxt.work, np.ndarray):
+                if owner_w is None:
+                    v = self._slice_of(nxt.work) if nxt.work.ndim == 1 else None
+                    if v is not None:
+                        base_w, owner_w, addr_w = v[0], nxt.work.base, self._bases[id(nxt.work.base)][2]
+                o = offset(nxt.work, owner_w, addr_w) if owner_w is not None else None
+                if o is None:
                     secs.append(-1)
                     break
-                base_w = w[0]
-                secs.append(w[1])
+                secs.append(o)
                 j += 1
             else:
                 secs.append(-1)
-        if j - i < _RUN_MIN:
-            return i
+        if j - i < _RUN_MIN or base_b.dtype.kind not in "iu" or (base_w is not None and base_w.dtype.kind not in "iu"):
+            return i  # (the kernel takes integer sizes and element counts, as the ring's tables hold)
         K = self._kernels()
         if K is None:
             return i
@@ -501,25 +513,19 @@ class FastCluster:
         s, d, route, everyone, rot = self._cache
         if rot != pat[1] or not everyone:
             raise RuntimeError(f"fast engine: a round named {pat!r} is not that rotation (a pattern bug)")
-        _, L, inv, code, Lt, it = route
-        if code is None:
-            tables = [L + base_b * inv] * 3
-            code = np.zeros(P, dtype=np.int8)
-        else:  # the classes present (the others are never read)
-            tables = [Lt[c] + base_b * it[c] if present else base_b[:0] * 0.0
-                      for c, present in enumerate(np.bincount(code, minlength=3)[:3] > 0)]
-        sec_offsets = np.array(secs, dtype=np.int64)
+        _, L, inv, _, _, _ = route  # per message (or scalars): the L + n inv of _transfer, element by element
+        lat = np.ascontiguousarray(np.broadcast_to(L, (P,)), dtype=np.float64)
+        inv_ = np.ascontiguousarray(np.broadcast_to(inv, (P,)), dtype=np.float64)
+        work_offsets = np.array(secs, dtype=np.int64)
+        coeff = self.model.reduce_coeff_s  # ComputeModel.seconds_all("reduce", w) = reduce_coeff_s * w
         if "reduce" in self._free_kinds or base_w is None:
-            sec_offsets[:] = -1
-            sec_table = np.zeros(1)
-        else:
-            sec_table = np.asarray(self.model.seconds_all("reduce", base_w, P, 0), dtype=np.float64)
-            if sec_table.ndim == 0:
-                return i
+            work_offsets[:] = -1
+            base_w = np.zeros(1, dtype=np.int64)
         ready = self.ready.copy()
         busy = self._busy[CATEGORY_OF_KIND["reduce"]].copy()
-        K.ring_run(ready, int(pat[1]), code, *(np.ascontiguousarray(t, dtype=np.float64) for t in tables),
-                   np.array(offs, dtype=np.int64), sec_table, sec_offsets, busy)
+        # integer sizes as float64, the conversion numpy makes in nb * inv (exact below 2^53; vectorises)
+        K.ring_run(ready, int(pat[1]), lat, inv_, base_b.astype(np.float64), np.array(offs, dtype=np.int64),
+                   float(coeff), base_w.astype(np.float64), work_offsets, busy)
         self.ready = ready
         self._busy[CATEGORY_OF_KIND["reduce"]] = busy
         self.messages += P * rounds
