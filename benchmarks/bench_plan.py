@@ -15,12 +15,22 @@ measured mean x the configurations left (the ``estimated`` column; the time a co
 not depend on its message sizes, only on its rounds). Per P and overall: the sums. Also the set-up
 (:func:`experiments.plan.resolve_plan`) and the wall time of the whole run.
 
+``--jobs N`` (default: ``sparsim plan``'s, the usable cores, at most 8): with N > 1 each P's distinct collectives
+are simulated first on N worker processes (:func:`experiments.plan.simulate_plan`'s prefetch), which is then most of
+that P's time: it is reported as a part of its own, ``prefetch (C collectives, J jobs)`` (its wall seconds include
+the dry pass that lists the collectives; ``simulated`` is C), and the per-configuration parts that follow are mostly
+cache hits (the timeline's own arithmetic, the hybrid optimiser, and the collectives the prefetch leaves to the
+serial pass). ``--max-part-s`` needs a part's first configuration to pay for its collectives, which the prefetch has
+already paid: with N > 1 it defaults to 0 (everything is simulated) and a positive value is refused; with ``--jobs
+1`` the serial path above is unchanged (default 60 s).
+
 Results: ``benchmarks/results/plan.csv`` (``--out``) via ``_common.write_csv`` with its meta.json sidecar;
 docs/advisor.md shows the table (``python benchmarks/tables.py``). This is a benchmark: nothing asserts on time.
 
 Example:
     .venv/bin/python benchmarks/bench_plan.py                       # the issue's plan (P up to 16384)
     .venv/bin/python benchmarks/bench_plan.py --P 64,256 --out /tmp/plan.csv
+    .venv/bin/python benchmarks/bench_plan.py --jobs 1 --max-part-s 10   # serial, as before --jobs
 """
 from __future__ import annotations
 
@@ -56,11 +66,26 @@ def parse_args(argv=None):
     p.add_argument("--policies", default="model,bucket,layer",
                    help="comma list of selection policies (default the issue's three; hybrid is the fourth)")
     p.add_argument("--all-collectives", action="store_true", help="every collective of each algorithm, not its default")
-    p.add_argument("--max-part-s", type=float, default=60.0,
-                   help="skip the rest of a part whose first configuration took longer than this (wall s; its time "
-                        "is then estimated); 0: simulate everything")
+    p.add_argument("--max-part-s", type=float, default=None,
+                   help="--jobs 1 only: skip the rest of a part whose first configuration took longer than this (wall "
+                        "s; its time is then estimated); 0: simulate everything (default 60 with --jobs 1, 0 with more)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="worker processes for each P's collectives (default: the usable cores, at most 8; 1: serial)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "plan.csv"), help="results CSV")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.jobs is None:
+        a.jobs = pl.default_jobs()
+    if not 1 <= a.jobs <= pl.MAX_JOBS:
+        p.error(f"--jobs {a.jobs} is out of range: valid 1 <= jobs <= {pl.MAX_JOBS}")
+    if a.max_part_s is None:
+        a.max_part_s = 60.0 if a.jobs == 1 else 0.0
+    if a.max_part_s < 0:
+        p.error(f"--max-part-s {a.max_part_s:g} is out of range: valid >= 0 (0: simulate everything)")
+    if a.jobs > 1 and a.max_part_s:
+        p.error(f"--max-part-s {a.max_part_s:g} needs --jobs 1: with --jobs {a.jobs} each P's collectives are "
+                "simulated before its configurations, so a part's first configuration no longer measures its cost "
+                "(valid --max-part-s 0, or --jobs 1)")
+    return a
 
 
 def main(argv=None) -> int:
@@ -73,7 +98,8 @@ def main(argv=None) -> int:
     inp = pl.resolve_plan(model=a.model, network=a.network, device=a.device, batch_size=a.batch_size, P=a.P,
                           densities=a.densities, algorithms=algs, policies=a.policies)
     t_resolve = time.perf_counter() - t_all
-    print(f"plan: {a.model} on {a.network}, {len(inp.configs)} configurations x P = {a.P}; set-up {t_resolve:.2f} s")
+    print(f"plan: {a.model} on {a.network}, {len(inp.configs)} configurations x P = {a.P}; set-up {t_resolve:.2f} s; "
+          f"--jobs {a.jobs}")
     parts: dict[tuple, dict] = {}
 
     def part_of(cfg, P):
@@ -101,17 +127,29 @@ def main(argv=None) -> int:
         p = parts[part_of(cfg, P)]
         return bool(a.max_part_s) and p["done"] > 0 and p["max"] > a.max_part_s
 
-    rows = pl.simulate_plan(inp, on_row=on_row, skip=skip)
+    prefetch = {}  # P -> simulate_plan's on_prefetch record
+
+    def on_prefetch(info):
+        prefetch[info["P"]] = info
+        print(f"  P = {info['P']:>6}  {_prefetch_name(info):<36} {info['wall_s']:8.2f} s (listing them "
+              f"{info['keys_s']:.2f} s)", flush=True)
+
+    rows = pl.simulate_plan(inp, on_row=on_row, skip=skip if a.jobs == 1 else None, jobs=a.jobs,
+                            on_prefetch=on_prefetch)
     t_total = time.perf_counter() - t_all
     out_rows = []
     for P in inp.Ps:
         mine = {k: v for k, v in parts.items() if k[0] == P}
+        pre = prefetch.get(P)
+        if pre is not None:
+            out_rows.append([P, _prefetch_name(pre), "", pre["simulated"], round(pre["wall_s"], 4),
+                             round(pre["wall_s"], 4), ""])
         for (_, name), p in mine.items():
             est = p["wall"] + (p["n"] - p["done"]) * (p["wall"] / p["done"] if p["done"] else 0.0)
             out_rows.append([P, name, p["n"], p["done"], round(p["wall"], 4), round(est, 4), round(p["max"], 4)])
         n = sum(p["n"] for p in mine.values())
         done = sum(p["done"] for p in mine.values())
-        wall = sum(p["wall"] for p in mine.values())
+        wall = sum(p["wall"] for p in mine.values()) + (pre["wall_s"] if pre else 0.0)
         est = sum(r[5] for r in out_rows if r[0] == P)
         out_rows.append([P, "all parts", n, done, round(wall, 4), round(est, 4), round(max(p["max"] for p in mine.values()), 4)])
     n = sum(p["n"] for p in parts.values())
@@ -126,6 +164,11 @@ def main(argv=None) -> int:
     print(f"rows simulated: {len(rows)}; whole run {t_total:.1f} s wall; estimated with the skipped configurations: "
           f"{est + t_resolve:.1f} s; wrote {path}")
     return 0
+
+
+def _prefetch_name(info: dict) -> str:
+    """The part name of a P's prefetch: ``prefetch (C collectives, J jobs)``."""
+    return f"prefetch ({info['simulated']} collectives, {info['jobs']} jobs)"
 
 
 if __name__ == "__main__":

@@ -434,9 +434,13 @@ def _check_calibration_network(calibration: str) -> None:
 @click.option("--force", is_flag=True, help="overwrite a non-empty output directory")
 @click.option("--quiet", is_flag=True, help="no progress bar (the line with the number of configurations x P, on "
                                             "stderr, stays)")
+@click.option("--jobs", type=int, default=None,
+              help="worker processes that simulate each P's distinct collectives before its configurations run (the "
+                   "same plan.csv, bit for bit; 1: all in this process) [default: the usable cores, at most 8; valid "
+                   "1 to 1024]")
 @_user_errors
 def plan_cmd(scenario, model, network, P, densities, algorithms, policies, device, batch_size, overrides, iterations,
-             evidence, target, metric, top, anchors, out, force, quiet):
+             evidence, target, metric, top, anchors, out, force, quiet, jobs):
     """Rank every registered algorithm x collective x density x selection policy for a model on a cluster at each P:
     simulated time per iteration on the layer-wise timeline, its compute / selection / exposed-communication split,
     the break-even iteration ratio against dense DDP, why; with --evidence, predicted time to --target (docs/advisor.md)."""
@@ -451,7 +455,8 @@ def plan_cmd(scenario, model, network, P, densities, algorithms, policies, devic
         given = [o for o, v in (("--scenario", scenario), ("--model", model), ("--network", network), ("--P", P),
                                 ("--densities", densities), ("--algorithms", algorithms), ("--policies", policies),
                                 ("--device", device), ("--batch-size", batch_size), ("--evidence", evidence),
-                                ("--target", target)) if v is not None] + (["--set"] if overrides else [])
+                                ("--target", target), ("--jobs", jobs)) if v is not None]
+        given += ["--set"] if overrides else []
         given += [o for o, name in (("--iterations", "iterations"), ("--metric", "metric"), ("--top", "top"))
                   if src(name) == click.core.ParameterSource.COMMANDLINE]
         if given:
@@ -468,6 +473,7 @@ def plan_cmd(scenario, model, network, P, densities, algorithms, policies, devic
         click.echo(f"wrote {path}/ (anchors.csv, anchors.md)")
         return
     check_range("--top", top, 0, 10**6)
+    jobs = pl.default_jobs() if jobs is None else pl.check_plan_jobs(jobs)
     if target is not None and evidence is None:
         raise SparsimError(f"--target {target:g} needs --evidence: valid with the convergence evidence to read")
     if evidence is None and src("metric") == click.core.ParameterSource.COMMANDLINE:
@@ -479,7 +485,8 @@ def plan_cmd(scenario, model, network, P, densities, algorithms, policies, devic
                           algorithms=algorithms, policies=policies, device=device, batch_size=batch_size,
                           iterations=iterations, evidence=ev)
     path, _rows, lines = pl.run_plan(inp, out or "runs/plan", force=force, target=target, top=top or None,
-                                     progress=not quiet, announce=lambda line: click.echo(line, err=True))
+                                     progress=not quiet, announce=lambda line: click.echo(line, err=True),
+                                     jobs=jobs)
     for line in lines:
         click.echo(line)
     click.echo(f"wrote {path}/ (plan.csv, plan.md, pareto.png, pareto.pdf, summary.json)")

@@ -56,8 +56,14 @@ import csv
 import dataclasses
 import json
 import math
+import multiprocessing
+import os
+import signal
 import time
 import tomllib
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor
+from concurrent.futures import wait as futures_wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,7 +85,8 @@ __all__ = ["PLAN_POLICIES", "DEFAULT_DENSITIES", "DEFAULT_P", "COLUMNS", "EVIDEN
            "EvidenceRun", "load_evidence", "iterations_to_target", "predict", "check_target", "check_reached",
            "planned_runs", "OPTION_KEYS", "PRESET_DEVICES", "table_lines", "pareto_front",
            "pareto_figure", "run_plan", "NO_EVIDENCE_POLICIES", "BASELINE", "baseline_collectives", "agarwal_rows", "espresso_rows", "anchor_lines", "run_anchors",
-           "ANCHOR_COLUMNS"]
+           "ANCHOR_COLUMNS", "MAX_JOBS", "default_jobs", "check_plan_jobs", "plan_collective_keys",
+           "prefetch_collectives"]
 
 
 def _uniform(name: str):
@@ -639,7 +646,166 @@ def baseline_collectives(inp: PlanInputs) -> list[str]:
     return [c for c in REGISTRY[BASELINE].collectives if (BASELINE, c) in ok]
 
 
-def simulate_plan(inp: PlanInputs, *, on_row=None, progress: bool = False, skip=None) -> list[dict]:
+#: The largest ``jobs`` of :func:`simulate_plan` (``sparsim plan --jobs``): more worker processes than this is a typo.
+MAX_JOBS = 1024
+#: ``sparsim plan``'s default ``--jobs``: the usable cores, at most this many.
+DEFAULT_JOBS_CAP = 8
+#: Placeholder (seconds, wire bytes per rank) the dry pass of :func:`plan_collective_keys` returns for every collective
+#: (positive, so no ratio of the pass divides by zero; the numbers of that pass are thrown away).
+_PLACEHOLDER = (1.0, 1.0)
+
+
+def default_jobs() -> int:
+    """``sparsim plan``'s default ``--jobs``: the CPUs this process may use, at most :data:`DEFAULT_JOBS_CAP`."""
+    from .algorithm_pool import usable_cpus
+
+    return max(1, min(usable_cpus(), DEFAULT_JOBS_CAP))
+
+
+def check_plan_jobs(jobs) -> int:
+    """``jobs`` as an int in 1..:data:`MAX_JOBS`; ConfigError (one line naming --jobs and the range) otherwise."""
+    if isinstance(jobs, bool) or not isinstance(jobs, (int, np.integer)) or not 1 <= jobs <= MAX_JOBS:
+        raise ConfigError(f"--jobs {jobs!r} is out of range: valid 1 <= jobs <= {MAX_JOBS} (1: the collectives are "
+                          "simulated in this process)")
+    return int(jobs)
+
+
+class _RecordingTimer(CollectiveTimer):
+    """A :class:`CollectiveTimer` that simulates nothing: it records every key asked for (in first order) and answers
+    :data:`_PLACEHOLDER`. The dry pass of :func:`plan_collective_keys`."""
+
+    def __init__(self, P: int, network, compute, engine: str):
+        super().__init__(P, network, compute, engine)
+        self.keys: dict = {}
+
+    def _run(self, spec: AlgorithmSpec, numel: int) -> tuple[float, float]:
+        self.keys.setdefault(self.key(spec, numel), None)
+        return _PLACEHOLDER
+
+
+def _value_dependent(inp: PlanInputs, cfg: Config) -> bool:
+    """Whether the collectives ``cfg`` asks the timer for depend on the times it answers: only under Horovod's tensor
+    fusion (an algorithm without k under the scenario's dense policy ``horovod``), whose fused buffers are the
+    tensors ready at each cycle, and a cycle starts when the previous allreduces end."""
+    return not REGISTRY[cfg.algorithm].sparse and inp.base_policy.dense == "horovod"
+
+
+def _plan_runs(inp: PlanInputs, configs) -> list[tuple[Config, TimelinePolicy | None]]:
+    """(configuration, policy override) in the order :func:`simulate_plan` simulates them at one P: the dense baseline's
+    collectives (DDP buckets, not blocking), then ``configs``."""
+    ddp = dataclasses.replace(inp.base_policy, dense="ddp", blocking=False)
+    return [(Config(BASELINE, c, None, "ddp"), ddp) for c in baseline_collectives(inp)] + [(c, None) for c in configs]
+
+
+def plan_collective_keys(inp: PlanInputs, P: int, net=None, configs=None) -> list[tuple]:
+    """The collectives (:meth:`CollectiveTimer.key`: (spec, elements)) the dense baseline and ``configs`` (default:
+    all of ``inp``'s) ask their P's timer for, in first-asked order: a dry pass of the same :func:`_simulate` calls
+    with a timer that records the keys and answers a placeholder (:class:`_RecordingTimer`).
+
+    Exact because what a configuration asks for does not depend on the answers: the ``model``, ``bucket`` and
+    ``layer`` policies and dense DDP ask for their buckets' collectives at k_b, fixed by the buckets; the ``hybrid``
+    optimiser (:func:`sim.engine.hybrid.choose_hybrid`) asks for every bucket at dense and at every candidate density
+    and for the uniform policies, all fixed, and the plan it picks (which does depend on the answers) asks only for
+    some of those. The exception is Horovod's tensor fusion (:func:`_value_dependent`): those configurations are left
+    out here and simulate their collectives in :func:`simulate_plan`'s own process. A configuration that raises
+    (a ConfigError that the real pass raises there too) ends the pass: the keys before it are returned.
+    net: the cluster with P ranks (default ``inp.network_of(P)``)."""
+    net = inp.network_of(P) if net is None else net
+    rec = _RecordingTimer(P, net, inp.compute, inp.sc.cluster.engine)
+    for cfg, policy in _plan_runs(inp, inp.configs if configs is None else configs):
+        if _value_dependent(inp, cfg):
+            continue
+        try:
+            _simulate(inp, cfg, P, net, rec, policy)
+        except Exception:  # the real pass raises it at this configuration, after the collectives before it
+            break
+    return list(rec.keys)
+
+
+def _collective(spec: AlgorithmSpec, numel: int, P: int, network, compute, engine: str):
+    """A worker's task: :meth:`CollectiveTimer.simulate` of one collective, or None when it raises (the plan's own
+    process then simulates it again where the serial run would, so the error is raised there, the same object
+    type and message, at the same point of the plan)."""
+    try:
+        return CollectiveTimer.simulate(spec, numel, P, network, compute, engine)
+    except Exception:
+        return None
+
+
+def _worker_init(parent_pid: int) -> None:
+    """A worker process of :func:`prefetch_collectives`: one BLAS / OpenMP thread unless the user's environment sets
+    its count; Ctrl-C left to the parent (which cancels the pool and waits for the running tasks); the default SIGTERM
+    action (not the CLI's unwinding handler, inherited by fork); killed with its parent
+    (:func:`sim.base.process.die_with_parent`)."""
+    from sim.base.process import die_with_parent
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent(parent_pid)
+    unset = [v for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS") if v not in os.environ]
+    for v in unset:
+        os.environ[v] = "1"
+    if unset:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1)
+
+
+def prefetch_collectives(timer: CollectiveTimer, keys, jobs: int, *, progress: bool = False) -> int:
+    """Simulate the collectives among ``keys`` (:meth:`CollectiveTimer.key`) that ``timer`` has not cached on ``jobs``
+    worker processes (``concurrent.futures.ProcessPoolExecutor``, fork where the OS has it) and put them in its cache
+    (:meth:`CollectiveTimer.fill`); the same numbers as a miss in ``timer`` gives (the same function,
+    :meth:`CollectiveTimer.simulate`, on the same arguments). Returns how many were simulated; does nothing (0)
+    when jobs <= 1 or fewer than two are missing (no process is started).
+
+    One task per collective, all submitted at once in first-asked order; the pool hands them out as workers free up,
+    so the workers stay busy to the end but for the last task (a collective's time depends on its algorithm's
+    rounds, not on its elements, so there is no cheap order by cost; at P = 1024 the slowest take under a second).
+    A collective whose simulation raises is left out of the cache, so the caller's serial pass simulates it again
+    and raises the error there. Ctrl-C (or any exception here) cancels the tasks not started and waits for the
+    running ones; a worker that dies raises SparsimError. Raises ConfigError for jobs out of range."""
+    jobs = check_plan_jobs(jobs)
+    todo = timer.missing(keys)
+    if jobs <= 1 or len(todo) < 2:
+        return 0
+    from tqdm import tqdm
+
+    from sim.base.errors import SparsimError
+    from sim.base.process import raise_if_signalled
+
+    ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+    results: dict = {}
+    bar = tqdm(total=len(todo), desc=f"P = {timer.P} collectives", unit="coll", leave=False,
+               disable=None if progress else True)
+    try:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx, initializer=_worker_init,
+                                 initargs=(os.getpid(),)) as ex:
+            try:
+                futures = {ex.submit(_collective, spec, n, *timer.context()): (spec, n) for spec, n in todo}
+                pending = set(futures)
+                while pending:
+                    raise_if_signalled()  # a SIGTERM whose SystemExit a finalizer swallowed (sim.base.process)
+                    done, pending = futures_wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        try:
+                            r = f.result()
+                        except BrokenProcessPool:
+                            raise SparsimError(f"a process simulating the collectives of P = {timer.P} ended without "
+                                               "a result: run with --jobs 1 to see its error here") from None
+                        if r is not None:
+                            results[futures[f]] = r
+                        bar.update(1)
+            except BaseException:  # Ctrl-C, SIGTERM, a dead worker: drop the tasks not started and wait for the
+                ex.shutdown(wait=True, cancel_futures=True)  # running ones, so no worker outlives the plan (the
+                raise  # with's own shutdown is then a no-op: a second shutdown would not cancel)
+    finally:
+        bar.close()
+    timer.fill(results)
+    return len(results)
+
+
+def simulate_plan(inp: PlanInputs, *, on_row=None, progress: bool = False, skip=None, jobs: int = 1,
+                  on_prefetch=None) -> list[dict]:
     """Simulate every configuration of ``inp`` on every P; return the rows (dicts with :data:`COLUMNS` but
     ``rank``, plus ``config``: the :class:`Config`), P by P in configuration order, with the dense baseline of
     each P (:data:`BASELINE`: dense S-SGD on DDP's buckets overlapped with backward, not blocking, with the fastest
@@ -649,15 +815,40 @@ def simulate_plan(inp: PlanInputs, *, on_row=None, progress: bool = False, skip=
     configuration out at that P (no row; a benchmark's time budget). Collective times are shared across the
     configurations of one
     P (one :class:`sim.engine.timeline.CollectiveTimer`: each distinct collective and size is simulated once).
-    Raises what the timeline raises."""
+
+    jobs (1 .. :data:`MAX_JOBS`): with jobs > 1, before the configurations of a P, the distinct collectives they will
+    ask for (:func:`plan_collective_keys`, a dry pass; skip is asked then for each configuration, and the ones it
+    leaves out are not prefetched) are simulated on ``jobs`` worker processes (:func:`prefetch_collectives`) into
+    the P's timer, and the configurations then run here as with jobs = 1, mostly on cached collectives: the rows
+    are the same, bit for bit (each collective is the same function of the same inputs; tests/test_plan_jobs.py).
+    What is not prefetched -- the collectives of Horovod's tensor fusion, whose buffers depend on the times, those
+    after a configuration that raises, one whose simulation raised in a worker -- is simulated here, where the
+    serial run would, so errors are the serial run's. jobs = 1 starts no process. on_prefetch: optional
+    callable(dict) after each P's prefetch (jobs > 1 only), with ``P``, ``collectives`` (the distinct ones asked
+    for), ``simulated`` (by the workers), ``jobs`` (the worker processes started: 0 when fewer than two collectives
+    were missing) and ``keys_s`` / ``wall_s`` (the dry pass's and the whole
+    prefetch's wall seconds).
+    Raises what the timeline raises; ConfigError for jobs out of range."""
     from tqdm import tqdm
 
+    jobs = check_plan_jobs(jobs)
     rows = []
     bar = tqdm(total=len(inp.Ps) * len(inp.configs), desc="plan", unit="config", disable=None if progress else True)
     try:
         for P in inp.Ps:
             net = inp.network_of(P)
             timer = CollectiveTimer(P, net, inp.compute, inp.sc.cluster.engine)
+            if jobs > 1:
+                t0 = time.perf_counter()
+                configs = [c for c in inp.configs if skip is None or not skip(c, P)]
+                keys = plan_collective_keys(inp, P, net, configs)
+                t_keys = time.perf_counter() - t0
+                todo = len(timer.missing(keys))
+                n = prefetch_collectives(timer, keys, jobs, progress=progress)
+                if on_prefetch is not None:
+                    on_prefetch({"P": P, "collectives": len(keys), "simulated": n,
+                                 "jobs": min(jobs, todo) if todo >= 2 else 0, "keys_s": t_keys,
+                                 "wall_s": time.perf_counter() - t0})
             t0 = time.perf_counter()
             ddp = dataclasses.replace(inp.base_policy, dense="ddp", blocking=False)
             dense = min((_simulate(inp, Config(BASELINE, c, None, "ddp"), P, net, timer, ddp)
@@ -1276,7 +1467,7 @@ def _csv_rows(rows: list[dict]) -> list[dict]:
 
 def run_plan(inp: PlanInputs, out, *, force: bool = False, target: float | None = None, top: int | None = 10,
              progress: bool = False, figure: bool = True, on_row=None,
-             announce=None) -> tuple[Path | None, list[dict], list[str]]:
+             announce=None, jobs: int = 1) -> tuple[Path | None, list[dict], list[str]]:
     """Simulate, rank and report a plan; write ``out`` (None: nothing written). Returns (path or None, ranked rows,
     the printed lines).
 
@@ -1284,10 +1475,12 @@ def run_plan(inp: PlanInputs, out, *, force: bool = False, target: float | None 
     :func:`check_target`; ConfigError when no run of the plan's configurations reaches it, :func:`check_reached`).
     top: rows printed per P (None: all). announce: optional callable(str), given one line (the number of
     configurations x P) after every check and before the simulation (the CLI prints it to stderr, also under
-    --quiet: a large plan runs for minutes). Raises ConfigError for an empty or existing non-empty ``out`` (unless
-    ``force``), and what :func:`simulate_plan` raises; nothing is left half-written."""
+    --quiet: a large plan runs for minutes). jobs: worker processes for the collectives (:func:`simulate_plan`; the
+    same rows whatever jobs). Raises ConfigError for an empty or existing non-empty ``out`` (unless ``force``), jobs
+    out of range, and what :func:`simulate_plan` raises; nothing is left half-written."""
     import shutil
 
+    check_plan_jobs(jobs)
     if inp.evidence is not None and target is None:
         raise ConfigError("--evidence needs --target: valid a value of the metric to reach (e.g. --target 0.8)")
     if target is not None and inp.evidence is None:
@@ -1305,7 +1498,7 @@ def run_plan(inp: PlanInputs, out, *, force: bool = False, target: float | None 
         announce(f"plan: simulating {n} configuration{'s' if n != 1 else ''} x {len(inp.Ps)} P "
                  f"({', '.join(map(str, inp.Ps))}) = {n * len(inp.Ps)} timelines, plus the dense baseline per P")
     t0 = time.perf_counter()
-    rows = simulate_plan(inp, progress=progress, on_row=on_row)
+    rows = simulate_plan(inp, progress=progress, on_row=on_row, jobs=jobs)
     if inp.evidence is not None:
         predict(rows, inp.evidence, target, inp.workload.d)
     rows = rank_rows(rows)
@@ -1386,11 +1579,13 @@ def _compressed(cfg: Config) -> bool:
     return algo.sparse or algo.segmented
 
 
-def agarwal_rows(models=AGARWAL_MODELS, bandwidths=AGARWAL_BANDWIDTHS_GBPS, variants=ANCHOR_VARIANTS, progress=False):
+def agarwal_rows(models=AGARWAL_MODELS, bandwidths=AGARWAL_BANDWIDTHS_GBPS, variants=ANCHOR_VARIANTS, progress=False,
+                 jobs: int = 1):
     """The advisor on Agarwal et al.'s bandwidth sweep (:data:`AGARWAL_BANDWIDTHS_GBPS`, the setting above): per
     model, modelling variant (:data:`ANCHOR_VARIANTS`) and bandwidth (Gb/s), the dense DDP iteration, the fastest
     compressing configuration and its speed-up, the advisor's verdict ("helps" when the speed-up is > 1) and the
-    paper's (helps below 8 Gb/s, rarely above 10; "borderline" between). Returns rows of :data:`ANCHOR_COLUMNS`."""
+    paper's (helps below 8 Gb/s, rarely above 10; "borderline" between). jobs: :func:`simulate_plan`'s (the same rows
+    whatever jobs). Returns rows of :data:`ANCHOR_COLUMNS`."""
     out = []
     for model in models:
         for label, extra in variants:
@@ -1399,7 +1594,7 @@ def agarwal_rows(models=AGARWAL_MODELS, bandwidths=AGARWAL_BANDWIDTHS_GBPS, vari
                       f"cluster.bandwidth_Bps={gbps * 1e9 / 8!r}", *extra]
                 inp = resolve_plan(None, ov, model=model, device="V100", batch_size=32, P="64",
                                    densities=AGARWAL_DENSITIES)
-                rows = simulate_plan(inp, progress=progress)
+                rows = simulate_plan(inp, progress=progress, jobs=jobs)
                 best = min((r for r in rows if _compressed(r["config"])), key=lambda r: r["iter_s"])
                 helps = best["iter_s"] < best["dense_iter_s"]
                 paper = "helps" if gbps < AGARWAL_HELPS_BELOW_GBPS else (
@@ -1514,15 +1709,18 @@ def anchor_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def run_anchors(out, *, force: bool = False, progress: bool = False) -> tuple[Path, list[str]]:
+def run_anchors(out, *, force: bool = False, progress: bool = False, jobs: int = 1) -> tuple[Path, list[str]]:
     """``sparsim plan --anchors``: :func:`agarwal_rows` and :func:`espresso_rows` into ``out`` (anchors.csv with
-    :data:`ANCHOR_COLUMNS`, anchors.md from :func:`anchor_lines`), built in ``out.partial``. Returns (path, the
-    lines of anchors.md). Raises ConfigError for an existing non-empty ``out`` unless ``force``."""
+    :data:`ANCHOR_COLUMNS`, anchors.md from :func:`anchor_lines`), built in ``out.partial``. jobs: worker processes
+    for Agarwal's plans' collectives (:func:`simulate_plan`; Espresso's single tensors run here). Returns (path, the
+    lines of anchors.md). Raises ConfigError for an existing non-empty ``out`` unless ``force``, or jobs out of
+    range."""
     import shutil
 
+    check_plan_jobs(jobs)
     out = Path(out)
     check_out(out, force)
-    rows = agarwal_rows(progress=progress) + espresso_rows()
+    rows = agarwal_rows(progress=progress, jobs=jobs) + espresso_rows()
     lines = anchor_lines(rows)
     tmp = partial_dir(out)
     try:

@@ -253,6 +253,12 @@ class CollectiveTimer:
     collective's own compute (merge and reduce coefficients) and no forward/backward, compression
     (:data:`sim.base.ops.COMPRESSION_KINDS`: select, scan, matmul; :func:`compression_s` charges them) or update,
     so the result is the collective's time on that engine. network: a NetworkSpec or ClusterSpec with P ranks.
+
+    The cache maps a key (:meth:`key`: the spec and the element count) to (seconds, wire bytes per rank). A caller
+    that knows which collectives it will ask for may simulate them elsewhere (other processes) with
+    :meth:`simulate` -- the function a miss runs here, with :meth:`context`'s arguments -- and hand the results in
+    with :meth:`fill`; :meth:`missing` says which keys are not cached yet. The numbers are the same wherever
+    :meth:`simulate` ran (a pure function of its arguments).
     """
 
     def __init__(self, P: int, network, compute: ComputeModel | None, engine: str = "auto"):
@@ -262,14 +268,41 @@ class CollectiveTimer:
                                            scan_coeff_s=0.0, matmul_coeff_s=0.0, jitter="none", jitter_scale=0.0, straggler_prob=0.0, straggler_factor=1.0)
         self._cache: dict = {}
 
-    def _run(self, spec: AlgorithmSpec, numel: int) -> tuple[float, float]:
-        key = (spec, int(numel))
-        if key not in self._cache:
-            from sim.engine.timing import simulate_timing
+    @staticmethod
+    def key(spec: AlgorithmSpec, numel: int) -> tuple:
+        """The cache key of spec's collective over numel elements: ``(spec, int(numel))`` (spec is hashable)."""
+        return (spec, int(numel))
 
-            r = simulate_timing(spec, self.P, int(numel), network=self.network, compute=self.compute,
-                                iterations=1, engine=self.engine)
-            self._cache[key] = (float(r.iter_s[0]), r.bytes / self.P)
+    @staticmethod
+    def simulate(spec: AlgorithmSpec, numel: int, P: int, network, compute: ComputeModel,
+                 engine: str) -> tuple[float, float]:
+        """One collective alone: (seconds, wire bytes per rank) of :func:`sim.engine.timing.simulate_timing` of
+        ``spec`` over ``numel`` elements on P ranks of ``network`` for one iteration, with ``compute`` (the timer's
+        stripped model, :attr:`compute`) on ``engine``. A static method of picklable arguments, so a worker process
+        can run it (:meth:`context` gives the last four). Raises what simulate_timing raises."""
+        from sim.engine.timing import simulate_timing
+
+        r = simulate_timing(spec, P, int(numel), network=network, compute=compute, iterations=1, engine=engine)
+        return (float(r.iter_s[0]), r.bytes / P)
+
+    def context(self) -> tuple:
+        """``(P, network, compute, engine)``: the arguments after (spec, numel) of :meth:`simulate` for this timer."""
+        return (self.P, self.network, self.compute, self.engine)
+
+    def missing(self, keys) -> list:
+        """The keys (of :meth:`key`) among ``keys`` not in the cache, each once, in their first order."""
+        return [k for k in dict.fromkeys(keys) if k not in self._cache]
+
+    def fill(self, results) -> None:
+        """Put ``results`` ({key: (seconds, wire bytes per rank)}, as :meth:`simulate` returns them for this timer's
+        :meth:`context`) into the cache; a key already cached keeps its value."""
+        for k, v in dict(results).items():
+            self._cache.setdefault(k, tuple(v))
+
+    def _run(self, spec: AlgorithmSpec, numel: int) -> tuple[float, float]:
+        key = self.key(spec, numel)
+        if key not in self._cache:
+            self._cache[key] = self.simulate(spec, int(numel), *self.context())
         return self._cache[key]
 
     def __call__(self, spec: AlgorithmSpec, numel: int) -> float:
