@@ -455,6 +455,29 @@ def advisor_rankings() -> str:
          "top-1 agrees"], body)
 
 
+def advisor_summary() -> str:
+    """Per ranking, over the (target, cluster) cells of ``docs/results/advisor-validation/rankings.csv``: the mean
+    Kendall tau-b and how many top-1 places agree, over all targets and over the pre-set ones (0.84 and 0.86, the
+    experiment's defaults, fixed before the first sweep)."""
+    rows = _advisor_csv("rankings")
+    order = list(dict.fromkeys(r["ranker"] for r in rows))
+    body = []
+    for ranker in order:
+        mine = [r for r in rows if r["ranker"] == ranker]
+        pre = [r for r in mine if float(r["target"]) in (0.84, 0.86)]
+
+        def stats(rs):
+            taus = [float(r["kendall_tau"]) for r in rs if r["kendall_tau"] not in ("", "nan")]
+            agree = sum(r["top1_agree"] == "True" for r in rs)
+            return (f"{sum(taus) / len(taus):+.2f}" if taus else "n/a"), f"{agree} / {len(rs)}"
+
+        (t_all, a_all), (t_pre, a_pre) = stats(mine), stats(pre)
+        body.append([ranker, t_all, a_all, f"{t_pre}, {a_pre}"])
+    cells = len({(r["target"], r["cluster"]) for r in rows})
+    return f"Over the {cells} (target, cluster) cells:\n\n" + table(
+        ["ranked by", "mean Kendall tau", "top-1 agrees", "at the pre-set targets 0.84, 0.86: mean tau, top-1"], body)
+
+
 def advisor_cases() -> str:
     """Per target, cluster and configuration: predicted and measured time to accuracy and the ranks, from
     ``docs/results/advisor-validation/cases.csv`` (mean over the seeds; 'never' / 'not reached (n/N)' when a seed
@@ -601,6 +624,7 @@ BLOCKS: dict[str, tuple[Callable[[], str], str]] = {
     "plan-bench-totals": (plan_bench_totals, "benchmarks/results/plan.csv"),
     "fast-p16k": (fast_p16k, "benchmarks/results/fast_p16k.csv"),
     "advisor-rankings": (advisor_rankings, "docs/results/advisor-validation/rankings.csv"),
+    "advisor-summary": (advisor_summary, "docs/results/advisor-validation/rankings.csv"),
     "advisor-cases": (advisor_cases, "docs/results/advisor-validation/cases.csv"),
 }
 
