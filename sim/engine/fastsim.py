@@ -380,14 +380,16 @@ class FastCluster:
         plan). Raises TypeError for anything else than Work and Round."""
         ops = ops if isinstance(ops, list) else list(ops)
         i, n = 0, len(ops)
+        plain_until = 0  # ops before this index were looked at as a run that did not qualify: one by one
         while i < n:
             op = ops[i]
             if isinstance(op, Round):
-                if op.pattern is not None and self._ops is None:
-                    j = self._named_run(ops, i)
-                    if j > i:
+                if op.pattern is not None and self._ops is None and i >= plain_until:
+                    j, done = self._named_run(ops, i)
+                    if done:
                         i = j
                         continue
+                    plain_until = j  # (not rescanned from each of its rounds: that would be quadratic)
                 self.exchange(op.dst, op.src, op.nbytes)
             elif isinstance(op, Work):
                 self.compute(op.kind, op.work, iteration)
@@ -396,20 +398,20 @@ class FastCluster:
             i += 1
 
     # -- runs of named rounds ---------------------------------------------------------------
-    def _named_run(self, ops, i: int) -> int:
-        """Evaluate the run of named rounds starting at ops[i] as a whole if it qualifies (see :meth:`run`);
-        return the index after what was evaluated, or i when nothing was (the caller takes ops[i] alone)."""
+    def _named_run(self, ops, i: int) -> tuple[int, bool]:
+        """Evaluate the run of named rounds starting at ops[i] as a whole if it qualifies (see :meth:`run`).
+        Returns (j, done): done, the run ops[i:j] was evaluated; else ops[i:j] are to be taken one by one."""
         n = len(ops)
         j = i
         while j < n and isinstance(ops[j], Round) and ops[j].pattern is not None and np.ndim(ops[j].nbytes) == 0:
             j += 1
-        if j - i >= _RUN_MIN:  # rounds of scalar sizes
-            if self._unshared:
-                return j if self._folded_rotations(ops[i:j]) else i
-            return j if self._memo_phase(ops[i:j]) else i
+        if j > i:  # rounds of scalar sizes
+            if j - i < _RUN_MIN:
+                return j, False
+            return j, (self._folded_rotations(ops[i:j]) if self._unshared else self._memo_phase(ops[i:j]))
         if self._unshared and np.ndim(ops[i].nbytes) == 1:
             return self._ring_run(ops, i)
-        return i
+        return i + 1, False
 
     def _kernels(self):
         from sim.base.optional import kernels
@@ -456,15 +458,16 @@ class FastCluster:
         """A ring on a fabric with no shared link: consecutive rotations by one c whose sizes are slices of one
         read-only table (:func:`sim.comm.rounds.shifted_ring_rounds`), each maybe followed by a ``reduce`` Work
         whose elements are slices of one read-only table, in one compiled loop
-        (:func:`sim.engine._fast_numba.ring_run`, the same operations as exchange and compute). Returns the index
-        after the run, or i when it does not qualify (too short, another shape, or numba missing)."""
+        (:func:`sim.engine._fast_numba.ring_run`, the same operations as exchange and compute). Returns (j, done):
+        the end of the run looked at and whether it was evaluated (not when too short, of another shape, or numba
+        is missing)."""
         pat = ops[i].pattern
         if not (isinstance(pat, tuple) and pat[0] == "rotation") or not 1 <= pat[1] < self.P:
-            return i
+            return i + 1, False
         n, P = len(ops), self.P
         nb0 = ops[i].nbytes
         if not isinstance(nb0, np.ndarray) or nb0.ndim != 1 or self._slice_of(nb0) is None:
-            return i
+            return i + 1, False
         base_b, owner_b, addr_b = self._slice_of(nb0)[0], nb0.base, self._bases[id(nb0.base)][2]
         base_w = owner_w = addr_w = None
         offs, secs = [], []
@@ -499,10 +502,10 @@ class FastCluster:
             else:
                 secs.append(-1)
         if j - i < _RUN_MIN or base_b.dtype.kind not in "iu" or (base_w is not None and base_w.dtype.kind not in "iu"):
-            return i  # (the kernel takes integer sizes and element counts, as the ring's tables hold)
+            return j, False  # (the kernel takes integer sizes and element counts, as the ring's tables hold)
         K = self._kernels()
         if K is None:
-            return i
+            return j, False
         rounds = len(offs)
         dst, src = ops[i].dst, ops[i].src
         key = (id(dst), id(src))  # the pattern's route, as exchange builds it (validates the matching)
@@ -532,7 +535,7 @@ class FastCluster:
         csum = np.concatenate(([0], np.cumsum(base_b, dtype=np.int64)))  # exact: integer bytes
         o = np.array(offs, dtype=np.int64)
         self.bytes += int((csum[o + P] - csum[o]).sum())
-        return j
+        return j, True
 
     def _memo_phase(self, rounds) -> bool:
         """A run of named rounds of scalar sizes on a fabric with shared links, from the untouched state of a new
