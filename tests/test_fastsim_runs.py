@@ -141,3 +141,19 @@ def test_a_misnamed_rotation_is_refused():
     bad = [Round((R + 2) % P, (R - 2) % P, ext[i:i + P], ("rotation", 1)) for i in range(20)]
     with pytest.raises(RuntimeError, match="not that rotation"):
         eng.run(bad, 1)
+
+
+def test_a_run_cut_by_the_memory_bound_gives_the_same_bits(monkeypatch):
+    """A program is read as it is generated: a run of named rounds whose own arrays pass the collection bound (here
+    1 KB: SparCML's split rounds, each with its peer array) is cut into pieces that go round by round, with the
+    bits of the uncut evaluation, on a shared fabric (first piece from an untouched engine) and an unshared one."""
+    P = 64
+    for net in (get_cluster_preset("gtopk-icdcs", P), get_cluster_preset("dgx-h100", P)):
+        spec = AlgorithmSpec("sparcml", k=300, collective="ssar_split_allgather", gpus_per_node=net.gpus_per_node)
+        fs.PHASES.clear()
+        want = _iteration(net, P, spec, 50_000, FREE, False, monkeypatch)
+        monkeypatch.setattr(fs, "_RUN_MAX_BYTES", 1024)
+        fs.PHASES.clear()
+        got = _iteration(net, P, spec, 50_000, FREE, True, monkeypatch)
+        monkeypatch.undo()
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[2:] == want[2:]

@@ -191,6 +191,9 @@ ROTATION_ROUTES = _RotationRoutes()
 
 #: A run of at least this many named rounds is evaluated whole (:meth:`FastCluster.run`).
 _RUN_MIN = 16
+#: A run of named rounds is collected up to this many bytes of arrays of its own (not views), then cut.
+_RUN_MAX_BYTES = 256 << 20
+_END = object()  # the end of a program (FastCluster.run)
 
 
 class _Phases:
@@ -378,24 +381,60 @@ class FastCluster:
         new engine (every clock 0, every link free at 0 and never used) is simulated once per process and fabric
         and reused (:data:`PHASES`: Ok-Topk's P - 1 rotations and SparCML's split rounds repeat for every k of a
         plan). Raises TypeError for anything else than Work and Round."""
-        ops = ops if isinstance(ops, list) else list(ops)
-        i, n = 0, len(ops)
-        plain_until = 0  # ops before this index were looked at as a run that did not qualify: one by one
-        while i < n:
-            op = ops[i]
-            if isinstance(op, Round):
-                if op.pattern is not None and self._ops is None and i >= plain_until:
-                    j, done = self._named_run(ops, i)
-                    if done:
-                        i = j
-                        continue
-                    plain_until = j  # (not rescanned from each of its rounds: that would be quadratic)
-                self.exchange(op.dst, op.src, op.nbytes)
-            elif isinstance(op, Work):
-                self.compute(op.kind, op.work, iteration)
-            else:
-                raise TypeError(f"{op!r} is not a sim.comm.rounds Work or Round")
-            i += 1
+        it = iter(ops)
+        back = []  # an op pulled while collecting a run and not part of it: handled next
+        while True:
+            op = back.pop() if back else next(it, _END)
+            if op is _END:
+                return
+            if isinstance(op, Round) and op.pattern is not None and self._ops is None:
+                seg, after = self._collect(op, it)
+                if after is not _END:
+                    back.append(after)
+                j, done = self._named_run(seg, 0) if len(seg) > 1 else (0, False)
+                for x in (seg[j:] if done else seg):  # what was not evaluated whole: one by one
+                    self._one(x, iteration)
+                continue
+            self._one(op, iteration)
+
+    def _one(self, op, iteration: int) -> None:
+        if isinstance(op, Round):
+            self.exchange(op.dst, op.src, op.nbytes)
+        elif isinstance(op, Work):
+            self.compute(op.kind, op.work, iteration)
+        else:
+            raise TypeError(f"{op!r} is not a sim.comm.rounds Work or Round")
+
+    def _collect(self, first, it):
+        """The ops of the run of named rounds that starts with ``first``, pulled from ``it`` (a program is not held
+        whole: a round of SparCML's P - 1 has arrays of its own); returns (the run's ops, the first op after it or
+        _END). A run that cannot be evaluated whole is one op long; a run whose rounds hold more than
+        :data:`_RUN_MAX_BYTES` of their own arrays is cut there (its pieces then go round by round)."""
+        pat = first.pattern
+        rotation = isinstance(pat, tuple) and len(pat) == 2 and pat[0] == "rotation"
+        seg = [first]
+        if np.ndim(first.nbytes) == 0:
+            if self._unshared and not rotation:
+                return seg, _END
+            held = 0
+            while held <= _RUN_MAX_BYTES:
+                op = next(it, _END)
+                if not (isinstance(op, Round) and op.pattern is not None and np.ndim(op.nbytes) == 0) or (
+                        self._unshared and not (isinstance(op.pattern, tuple) and op.pattern[0] == "rotation")):
+                    return seg, op
+                seg.append(op)
+                held += sum(x.nbytes for x in {id(op.dst): op.dst, id(op.src): op.src}.values() if x.base is None)
+            return seg, _END
+        if not (self._unshared and rotation):
+            return seg, _END
+        while True:  # a ring: rotations by one c with array sizes, each maybe followed by its reduce
+            op = next(it, _END)
+            if isinstance(op, Work) and op.kind == "reduce" and isinstance(seg[-1], Round):
+                seg.append(op)
+                continue
+            if not (isinstance(op, Round) and op.pattern == pat and np.ndim(op.nbytes) == 1):
+                return seg, op
+            seg.append(op)
 
     # -- runs of named rounds ---------------------------------------------------------------
     def _named_run(self, ops, i: int) -> tuple[int, bool]:
