@@ -761,7 +761,10 @@ def prefetch_collectives(timer: CollectiveTimer, keys, jobs: int, *, progress: b
     One task per collective, all submitted at once in first-asked order; the pool hands them out as workers free up,
     so the workers stay busy to the end but for the last task (a collective's time depends on its algorithm's
     rounds, not on its elements, so there is no cheap order by cost; at P = 1024 the slowest take under a second).
-    A collective whose simulation raises is left out of the cache, so the caller's serial pass simulates it again
+    The fast engine's process-wide memos (:data:`sim.engine.fastsim.PHASES`, ``ROTATION_ROUTES``) are each worker's
+    own, so the workers together use more CPU than the serial run (about a fifth more for ResNet-50 on gtopk-icdcs at
+    P = 1024); one task per algorithm:collective would keep a memo in one worker (no extra CPU there) but bound the
+    wall time by the costliest group (CLT-k's rings at large P), so collectives go one by one. A collective whose simulation raises is left out of the cache, so the caller's serial pass simulates it again
     and raises the error there. Ctrl-C (or any exception here) cancels the tasks not started and waits for the
     running ones; a worker that dies raises SparsimError. Raises ConfigError for jobs out of range."""
     jobs = check_plan_jobs(jobs)
