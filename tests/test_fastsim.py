@@ -314,7 +314,7 @@ def test_rotation_routes_shared_across_engines_give_the_same_bits():
     spec = AlgorithmSpec("oktopk", k=40)
     fs.ROTATION_ROUTES.clear()
     first = simulate_timing(spec, P, 2000, network=net, compute=cm, iterations=2, engine="fast").iter_s
-    assert len(fs.ROTATION_ROUTES.routes) == P - 1  # every rotation r -> r + c, c = 1..P-1
+    assert len(fs.ROTATION_ROUTES.entries) == P - 1  # every rotation r -> r + c, c = 1..P-1
     again = simulate_timing(spec, P, 2000, network=net, compute=cm, iterations=2, engine="fast").iter_s
     assert np.array_equal(first, again)
     msg = simulate_timing(spec, P, 2000, network=net, compute=cm, iterations=2, engine="message").iter_s

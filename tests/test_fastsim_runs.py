@@ -87,18 +87,18 @@ def test_phases_are_reused_and_kept_per_fabric():
         return eng.ready
 
     a = once(10)
-    assert len(fs.PHASES.phases) == 1
+    assert len(fs.PHASES.entries) == 1
     b = once(20)  # ceil(20 / 32) = ceil(10 / 32) = 1 entry per message: the same phase
-    assert len(fs.PHASES.phases) == 1
+    assert len(fs.PHASES.entries) == 1
     assert np.array_equal(a, b)  # d is the same, only k moved within one message size
     once(100)  # 4 entries per message
-    assert len(fs.PHASES.phases) == 2
+    assert len(fs.PHASES.entries) == 2
     other = get_cluster_preset("v100-25GbE", P)
     once(10, network=other)
-    assert fs.PHASES.fabric == other and len(fs.PHASES.phases) == 1
+    assert fs.PHASES.fabric == other and len(fs.PHASES.entries) == 1
     fs.PHASES.clear()
     once(10, cm=COSTS)  # the reduces before the rotations move the clocks: not untouched
-    assert len(fs.PHASES.phases) == 0
+    assert len(fs.PHASES.entries) == 0
 
 
 @pytest.mark.parametrize("P", [16, 24, 64, 96])

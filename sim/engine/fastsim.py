@@ -41,8 +41,8 @@ the same bits: on a fabric with no shared link a ring's 2(P - 1) rotations and r
 (:mod:`sim.engine._fast_numba`, numba), and rotations of one size per round from clocks that are the same on every
 node (Ok-Topk's P - 1) are evolved for one node's G ranks only; on a fabric with shared links a named run that
 starts from an untouched engine (the collective timer's case) is simulated once per fabric, P and sizes and then
-reused (:data:`PHASES`). The cost of a ring stays O(P^2) operations (about 2 ns each compiled): 1.9 s for a dense
-ring at P = 16,384 on dgx-h100, against 7.6 s round by round.
+reused (:data:`PHASES`). The cost of a ring stays O(P^2) operations (about 2 ns each compiled): about 2 s for a dense
+ring at P = 16,384 on dgx-h100, against 2.5 s round by round (benchmarks/bench_fast_p16k.py, docs/cluster-scale.md).
 """
 from __future__ import annotations
 
@@ -144,37 +144,41 @@ def _by_link_then_sender(links, order):
     return np.lexsort((order, links))
 
 
-class _RotationRoutes:
-    """Routes of rotations r -> (r + c) % P on a shared fabric, kept across :class:`FastCluster` instances: c ->
-    :meth:`FastCluster._route` of that rotation. A plan times hundreds of collectives on one cluster, and Ok-Topk's
-    P - 1 rotations each build a :meth:`FastCluster._plan` (np.unique and lexsorts over P messages) that depends
-    only on the fabric and c. A route is read-only data (link ids, latencies, bandwidths, FIFO tables), so a cached
-    one gives the same bits. Holds one fabric at a time and at most ``max_elements`` array elements (about 0.5 GB
-    of int64 / float64 by default); cleared when another fabric comes or the bound would be passed."""
+class _FabricMemo:
+    """Read-only results kept across :class:`FastCluster` instances for one fabric and P at a time: key -> value
+    (nested tuples / lists of numpy arrays and scalars). A plan times hundreds of collectives on one cluster, and
+    some of their work depends only on the fabric and a key. Holds at most ``max_elements`` array elements (64M: about
+    0.5 GB of int64 / float64), counted over the values' arrays; cleared when another fabric or P comes or the bound
+    would be passed. ``entries``: the dict held; ``fabric``, ``P``: what it is for."""
 
     def __init__(self, max_elements: int = 1 << 26):
         self.max_elements = max_elements
         self.clear()
 
     def clear(self) -> None:
-        """Forget every route (and the fabric)."""
-        self.fabric, self.elements, self.routes = None, 0, {}
+        """Forget every entry (and the fabric)."""
+        self.fabric, self.P, self.elements, self.entries = None, None, 0, {}
 
-    def get(self, eng: "FastCluster", c: int):
-        """The route of the rotation by c (1 <= c < P) on ``eng``'s ClusterSpec, built on first use."""
-        f = eng.fabric
-        if self.fabric is not f and self.fabric != f:
+    def _holds(self, fabric, P: int) -> bool:
+        return self.P == P and (self.fabric is fabric or self.fabric == fabric)
+
+    def get(self, fabric, P: int, key):
+        """The value stored for ``key`` on (fabric, P), or None."""
+        return self.entries.get(key) if self._holds(fabric, P) else None
+
+    def put(self, fabric, P: int, key, value) -> None:
+        """Store ``value`` for ``key`` on (fabric, P); its arrays are made read-only."""
+        if not self._holds(fabric, P):
             self.clear()
-            self.fabric = f
-        got = self.routes.get(c)
-        if got is None:
-            got = eng._route(eng._R, eng._R2[c:c + eng.P], c)
-            n = sum(x.size for x in _arrays(got))
-            if self.elements + n > self.max_elements:
-                self.routes, self.elements = {}, 0
-            self.routes[c] = got
-            self.elements += n
-        return got
+            self.fabric, self.P = fabric, P
+        arrays = list(_arrays(value))
+        n = sum(x.size for x in arrays)
+        if self.elements + n > self.max_elements:
+            self.entries, self.elements = {}, 0
+        for x in arrays:
+            x.setflags(write=False)
+        self.entries[key] = value
+        self.elements += n
 
 
 def _arrays(x):
@@ -186,8 +190,10 @@ def _arrays(x):
             yield from _arrays(y)
 
 
-#: The process's rotation routes (:class:`_RotationRoutes`).
-ROTATION_ROUTES = _RotationRoutes()
+#: Routes of rotations r -> (r + c) % P on a shared ClusterSpec: c -> :meth:`FastCluster._route` of that rotation
+#: (:meth:`FastCluster._rotation_route`). Ok-Topk's P - 1 rotations each build a :meth:`FastCluster._plan` that
+#: depends only on the fabric and c; a cached route (link ids, latencies, bandwidths, FIFO tables) gives the same bits.
+ROTATION_ROUTES = _FabricMemo()
 
 #: A run of at least this many named rounds is evaluated whole (:meth:`FastCluster.run`).
 _RUN_MIN = 16
@@ -196,44 +202,11 @@ _RUN_MAX_BYTES = 256 << 20
 _END = object()  # the end of a program (FastCluster.run)
 
 
-class _Phases:
-    """Results of runs of named rounds from an untouched engine on a shared fabric (:meth:`FastCluster._memo_phase`),
-    kept across :class:`FastCluster` instances: (rounds' names and sizes) -> (clocks (P,), link free times, link
-    last heads, messages, bytes, overtaken). A plan times the same phase for every k whose messages have the same
-    size (Ok-Topk's P - 1 rotations of ceil(k / P) entries, SparCML's split pieces). The same bits as simulating it
-    again: the same operations on the same inputs. Holds one fabric and P at a time and at most ``max_elements``
-    array elements (64M: about 0.5 GB); cleared when another fabric comes or the bound would be passed."""
-
-    def __init__(self, max_elements: int = 1 << 26):
-        self.max_elements = max_elements
-        self.clear()
-
-    def clear(self) -> None:
-        """Forget every phase."""
-        self.fabric, self.P, self.elements, self.phases = None, None, 0, {}
-
-    def get(self, fabric, P: int, sig):
-        """The stored result of phase ``sig`` on (fabric, P), or None."""
-        if self.P != P or (self.fabric is not fabric and self.fabric != fabric):
-            return None
-        return self.phases.get(sig)
-
-    def put(self, fabric, P: int, sig, result) -> None:
-        """Store ``result`` (read-only copies are kept) for phase ``sig`` on (fabric, P)."""
-        if self.P != P or (self.fabric is not fabric and self.fabric != fabric):
-            self.clear()
-            self.fabric, self.P = fabric, P
-        n = sum(x.size for x in result[:3])
-        if self.elements + n > self.max_elements:
-            self.phases, self.elements = {}, 0
-        for x in result[:3]:
-            x.setflags(write=False)
-        self.phases[sig] = result
-        self.elements += n
-
-
-#: The process's phases (:class:`_Phases`).
-PHASES = _Phases()
+#: Results of runs of named rounds from an untouched engine on a shared fabric (:meth:`FastCluster._memo_phase`):
+#: (rounds' names and sizes) -> (clocks (P,), link free times, link last heads, messages, bytes, overtaken). A plan
+#: times the same phase for every k whose messages have the same size (Ok-Topk's P - 1 rotations of ceil(k / P)
+#: entries, SparCML's split pieces); the same bits as simulating it again (the same operations on the same inputs).
+PHASES = _FabricMemo()
 
 
 class FastCluster:
@@ -391,13 +364,13 @@ class FastCluster:
                 seg, after = self._collect(op, it)
                 if after is not _END:
                     back.append(after)
-                j, done = self._named_run(seg, 0) if len(seg) > 1 else (0, False)
-                for x in (seg[j:] if done else seg):  # what was not evaluated whole: one by one
+                for x in seg[self._named_run(seg):]:  # what was not evaluated whole: one by one
                     self._one(x, iteration)
                 continue
             self._one(op, iteration)
 
     def _one(self, op, iteration: int) -> None:
+        """One op of a program: a Round as :meth:`exchange`, a Work as :meth:`compute`; TypeError otherwise."""
         if isinstance(op, Round):
             self.exchange(op.dst, op.src, op.nbytes)
         elif isinstance(op, Work):
@@ -437,20 +410,15 @@ class FastCluster:
             seg.append(op)
 
     # -- runs of named rounds ---------------------------------------------------------------
-    def _named_run(self, ops, i: int) -> tuple[int, bool]:
-        """Evaluate the run of named rounds starting at ops[i] as a whole if it qualifies (see :meth:`run`).
-        Returns (j, done): done, the run ops[i:j] was evaluated; else ops[i:j] are to be taken one by one."""
-        n = len(ops)
-        j = i
-        while j < n and isinstance(ops[j], Round) and ops[j].pattern is not None and np.ndim(ops[j].nbytes) == 0:
-            j += 1
-        if j > i:  # rounds of scalar sizes
-            if j - i < _RUN_MIN:
-                return j, False
-            return j, (self._folded_rotations(ops[i:j]) if self._unshared else self._memo_phase(ops[i:j]))
-        if self._unshared and np.ndim(ops[i].nbytes) == 1:
-            return self._ring_run(ops, i)
-        return i + 1, False
+    def _named_run(self, seg) -> int:
+        """Evaluate whole what it can of ``seg``, a run of :meth:`_collect` (see :meth:`run`); returns how many of its
+        ops were evaluated (all of a run of scalar sizes, the leading ring of a ring's run, or 0)."""
+        if len(seg) < _RUN_MIN:
+            return 0
+        if np.ndim(seg[0].nbytes) == 0:  # rounds of scalar sizes (rotations only, on an unshared fabric)
+            done = self._folded_rotations(seg) if self._unshared else self._memo_phase(seg)
+            return len(seg) if done else 0
+        return self._ring_run(seg)
 
     def _kernels(self):
         from sim.base.optional import kernels
@@ -460,10 +428,9 @@ class FastCluster:
     def _folded_rotations(self, rounds) -> bool:
         """Rotations of scalar sizes on a fabric with no shared link, from clocks periodic in the local index:
         every rank does the same operations as its local index on node 0, so the G clocks of node 0 are evolved
-        alone (:func:`sim.engine._fast_numba.rotations_folded`) and tiled. False (nothing done) when a round is not
-        a rotation, the clocks are not periodic or numba is missing."""
-        if any(not (isinstance(r.pattern, tuple) and r.pattern[0] == "rotation") for r in rounds):
-            return False
+        alone (:func:`sim.engine._fast_numba.rotations_folded`) and tiled. ``rounds``: named rotations
+        (:meth:`_collect` takes no other kind on such a fabric). False (nothing done) when the clocks are not
+        periodic or numba is missing."""
         K = self._kernels()
         if K is None:
             return False
@@ -481,10 +448,9 @@ class FastCluster:
         nbs = np.array([int(r.nbytes) for r in rounds], dtype=np.int64)
         if isinstance(f, ClusterSpec):
             _, _, Lt, it = self._classes
-        else:  # star / direct: every message the same path (see _route)
-            hops = 2 if f.topology == "star" else 1
-            Lt = np.full(3, np.float64(hops * f.link_latency_s))
-            it = np.full(3, np.float64(hops / f.link_bandwidth_Bps))
+        else:  # star / direct: every message the same path, in every class
+            L, inv = self._flat_path()
+            Lt, it = np.full(3, L), np.full(3, inv)
         cost = Lt[None, :] + nbs[:, None] * it[None, :]  # (rounds, 3): the L + n inv of _transfer, per class
         fold = fold.copy()
         K.rotations_folded(fold, shifts, P // G, cost)
@@ -493,24 +459,23 @@ class FastCluster:
         self.bytes += int(nbs.sum()) * P
         return True
 
-    def _ring_run(self, ops, i: int) -> int:
+    def _ring_run(self, ops) -> int:
         """A ring on a fabric with no shared link: consecutive rotations by one c whose sizes are slices of one
         read-only table (:func:`sim.comm.rounds.shifted_ring_rounds`), each maybe followed by a ``reduce`` Work
         whose elements are slices of one read-only table, in one compiled loop
-        (:func:`sim.engine._fast_numba.ring_run`, the same operations as exchange and compute). Returns (j, done):
-        the end of the run looked at and whether it was evaluated (not when too short, of another shape, or numba
-        is missing)."""
-        pat = ops[i].pattern
-        if not (isinstance(pat, tuple) and pat[0] == "rotation") or not 1 <= pat[1] < self.P:
-            return i + 1, False
+        (:func:`sim.engine._fast_numba.ring_run`, the same operations as exchange and compute). ``ops``: a ring's
+        run from :meth:`_collect`. Returns how many of its leading ops were evaluated (0: too short, another
+        shape, or numba missing)."""
+        pat = ops[0].pattern
         n, P = len(ops), self.P
-        nb0 = ops[i].nbytes
-        if not isinstance(nb0, np.ndarray) or nb0.ndim != 1 or self._slice_of(nb0) is None:
-            return i + 1, False
-        base_b, owner_b, addr_b = self._slice_of(nb0)[0], nb0.base, self._bases[id(nb0.base)][2]
+        nb0 = ops[0].nbytes
+        view = self._slice_of(nb0) if isinstance(nb0, np.ndarray) and nb0.ndim == 1 else None
+        if not 1 <= pat[1] < P or view is None:
+            return 0
+        base_b, owner_b, addr_b = view[0], nb0.base, self._bases[id(nb0.base)][2]
         base_w = owner_w = addr_w = None
         offs, secs = [], []
-        j = i
+        j = 0
 
         def offset(a, owner, addr):  # a's offset in its read-only owner (as _slice_of, checked more cheaply)
             if not isinstance(a, np.ndarray) or a.base is not owner or a.shape != (P,) or a.strides[0] != a.itemsize:
@@ -540,19 +505,13 @@ class FastCluster:
                 j += 1
             else:
                 secs.append(-1)
-        if j - i < _RUN_MIN or base_b.dtype.kind not in "iu" or (base_w is not None and base_w.dtype.kind not in "iu"):
-            return j, False  # (the kernel takes integer sizes and element counts, as the ring's tables hold)
+        if j < _RUN_MIN or base_b.dtype.kind not in "iu" or (base_w is not None and base_w.dtype.kind not in "iu"):
+            return 0  # (the kernel takes integer sizes and element counts, as the ring's tables hold)
         K = self._kernels()
         if K is None:
-            return j, False
+            return 0
         rounds = len(offs)
-        dst, src = ops[i].dst, ops[i].src
-        key = (id(dst), id(src))  # the pattern's route, as exchange builds it (validates the matching)
-        if key != self._cache_key or self._cache_obj[0] is not dst or self._cache_obj[1] is not src:
-            self._cache_key, self._cache_obj = None, None
-            self._cache = self._pattern(dst, src)
-            self._cache_key, self._cache_obj = key, (dst, src)
-        s, d, route, everyone, rot = self._cache
+        s, d, route, everyone, rot = self._cached_pattern(ops[0].dst, ops[0].src)  # (validates the matching)
         if rot != pat[1] or not everyone:
             raise RuntimeError(f"fast engine: a round named {pat!r} is not that rotation (a pattern bug)")
         _, L, inv, _, _, _ = route  # per message (or scalars): the L + n inv of _transfer, element by element
@@ -574,7 +533,7 @@ class FastCluster:
         csum = np.concatenate(([0], np.cumsum(base_b, dtype=np.int64)))  # exact: integer bytes
         o = np.array(offs, dtype=np.int64)
         self.bytes += int((csum[o + P] - csum[o]).sum())
-        return j, True
+        return j
 
     def _memo_phase(self, rounds) -> bool:
         """A run of named rounds of scalar sizes on a fabric with shared links, from the untouched state of a new
@@ -592,7 +551,7 @@ class FastCluster:
                 self.exchange(r.dst, r.src, r.nbytes)
             got = (self.ready.copy(), self._free.copy(), self._last_head.copy(), self.messages - m0,
                    self.bytes - b0, self._overtaken)
-            PHASES.put(self.fabric, P, sig, got)
+            PHASES.put(self.fabric, P, sig, got)  # (read-only from here: the engine's own arrays are new ones)
             return True
         ready, free, last_head, msgs, nbytes, overtaken = got
         self.ready, self._free, self._last_head = ready.copy(), free.copy(), last_head.copy()
@@ -609,12 +568,7 @@ class FastCluster:
         if self._ops is not None:  # recording for the event replay: the clock is left alone
             self._ops.append(("x", dst, src, nbytes))
             return
-        key = (id(dst), id(src))
-        if key != self._cache_key or self._cache_obj[0] is not dst or self._cache_obj[1] is not src:
-            self._cache_key, self._cache_obj = None, None
-            self._cache = self._pattern(dst, src)
-            self._cache_key, self._cache_obj = key, (dst, src)
-        s, d, route, everyone, rot = self._cache
+        s, d, route, everyone, rot = self._cached_pattern(dst, src)
         if s.shape[0] == 0:
             return
         ready = self.ready
@@ -641,6 +595,16 @@ class FastCluster:
             new[d] = np.maximum(new[d], arrive)
         self.ready = new
         self.messages += int(s.shape[0])
+
+    def _cached_pattern(self, dst, src):
+        """:meth:`_pattern` of (dst, src), kept for the last pair of array objects (a ring reuses its arrays every
+        round)."""
+        key = (id(dst), id(src))
+        if key != self._cache_key or self._cache_obj[0] is not dst or self._cache_obj[1] is not src:
+            self._cache_key, self._cache_obj = None, None
+            self._cache = self._pattern(dst, src)
+            self._cache_key, self._cache_obj = key, (dst, src)
+        return self._cache
 
     def _sliced_cost(self, route, view, m):
         """L + n inv of an unshared route (:meth:`_route`) whose sizes n are the slice (flat base, offset) of a
@@ -696,8 +660,24 @@ class FastCluster:
                 raise RuntimeError(bad)
         everyone = s.shape[0] == P
         if rot is not None and isinstance(self.fabric, ClusterSpec) and not self._unshared:
-            return s, d, ROTATION_ROUTES.get(self, rot), everyone, rot
+            return s, d, self._rotation_route(rot), everyone, rot
         return s, d, (self._route(s, d, rot) if s.shape[0] else None), everyone, rot
+
+    def _rotation_route(self, c: int):
+        """:meth:`_route` of the rotation by c (1 <= c < P) on this engine's shared ClusterSpec, from
+        :data:`ROTATION_ROUTES` (built there on first use)."""
+        got = ROTATION_ROUTES.get(self.fabric, self.P, c)
+        if got is None:
+            got = self._route(self._R, self._R2[c:c + self.P], c)
+            ROTATION_ROUTES.put(self.fabric, self.P, c, got)
+        return got
+
+    def _flat_path(self):
+        """(latency s, 1 / bandwidth s/byte) of every path on a star or direct NetworkSpec (no link shared): star,
+        two store-and-forward hops; direct, one. float64 scalars."""
+        f = self.fabric
+        hops = 2 if f.topology == "star" else 1
+        return np.float64(hops * f.link_latency_s), np.float64(hops / f.link_bandwidth_Bps)
 
     def _route(self, s, d, rot=None):
         """What :meth:`_transfer` needs of the messages s -> d (int arrays (m,)), built once per pattern:
@@ -714,9 +694,7 @@ class FastCluster:
                 if not np.any(code != c0):
                     return ("sum", Lt[c0], it[c0], None, None, None)
                 return ("sum", np.take(Lt, code), np.take(it, code), code, Lt, it)
-            hops = 2 if f.topology == "star" else 1  # star: two store-and-forward hops; direct: one
-            return ("sum", np.float64(hops * f.link_latency_s), np.float64(hops / f.link_bandwidth_Bps), None, None,
-                    None)
+            return ("sum", *self._flat_path(), None, None, None)
         if isinstance(f, ClusterSpec):
             R = f.routes(s, d)
             sig = (R >= 0).astype(np.int64) @ (1 << np.arange(6, dtype=np.int64))  # which levels each message crosses
