@@ -52,7 +52,7 @@ class Round:
 
     ``pattern``: an optional hashable name of (dst, src) that an engine may use in its caches: ``("rotation", c)``
     promises dst[r] = (r + c) % P and src[r] = (r - c) % P for every rank (1 <= c < P); any other name promises
-    only that Rounds of one collective on one P with equal names have equal dst and src (tests/test_fastsim.py
+    only that Rounds of one collective on one P with equal names have equal dst and src (tests/test_fastsim_runs.py
     checks both for every registered algorithm). None: no promise."""
 
     dst: np.ndarray
