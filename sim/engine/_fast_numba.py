@@ -16,13 +16,14 @@ from numba import njit
 
 @njit(cache=True, nogil=True)
 def ring_run(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, busy_row):
-    """A ring's rounds on ``ready`` (float64 (P,), updated in place): round i is the rotation by c (1 <= c < P) where
-    rank r's message of ``sizes[offsets[i] + r]`` bytes costs ``lat[r] + sizes[offsets[i] + r] * inv[r]`` (lat, inv:
-    float64 (P,), the latency sum and 1 / slowest bandwidth of r's path; sizes: float64, the ring's read-only size
-    table (integers converted as numpy converts them in ``n * inv``), :func:`sim.comm.rounds.shifted_ring_rounds`); then, if ``work_offsets[i] >= 0``, every rank reduces
-    ``works[work_offsets[i] + r]`` elements (float64) at ``coeff`` s each, the seconds added to ``ready`` and to ``busy_row``
-    (float64 (P,), in place). offsets / work_offsets: int64 (rounds,). The loops avoid index wrap-around (each
-    rotation split in two ranges) so that they vectorise."""
+    """A ring's rounds on ``ready`` (float64 (P,), s, updated in place): round i is the rotation by c (1 <= c < P)
+    where rank r's message of ``sizes[offsets[i] + r]`` bytes costs ``lat[r] + sizes[offsets[i] + r] * inv[r]`` s
+    (lat, inv: float64 (P,), the latency sum in s and 1 / slowest bandwidth in s/byte of r's path; sizes: float64,
+    the ring's read-only size table, :func:`sim.comm.rounds.shifted_ring_rounds`, its integers converted as numpy
+    converts them in ``n * inv``); then, if ``work_offsets[i] >= 0``, every rank reduces ``works[work_offsets[i] + r]``
+    elements (float64) at ``coeff`` s each, the seconds added to ``ready`` and to ``busy_row`` (float64 (P,), in
+    place). offsets / work_offsets: int64 (rounds,). The loops avoid index wrap-around (each rotation split in two
+    ranges) so that they vectorise. Source: the rules of :meth:`sim.engine.fastsim.FastCluster.exchange`."""
     P = ready.shape[0]
     arrive = np.empty(P)
     for i in range(offsets.shape[0]):
