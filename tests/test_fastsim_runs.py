@@ -6,7 +6,7 @@ import pytest
 
 from sim.algorithms import REGISTRY, AlgorithmSpec
 from sim.base.errors import SparsimError
-from sim.comm.rounds import Round
+from sim.comm.rounds import SKIP_RING, RingTable, Round, Work
 from sim.engine import fastsim as fs
 from sim.engine.fastsim import FastCluster, fast_iteration
 from sim.machine.compute import ComputeModel
@@ -132,16 +132,105 @@ def test_round_names_keep_their_promise(P):
         assert any(k[2][0] == "rotation" for k in seen)  # rings and Ok-Topk name theirs
 
 
+def _ring(P, c, dst_shift, rounds=20):
+    """A ring of ``rounds`` rotations by ``dst_shift`` whose table names rotation c, with reduces: (its ops, table)."""
+    R = np.arange(P)
+    ext = np.arange(2 * P, dtype=np.int64) * 4 + 400
+    el = np.arange(2 * P, dtype=np.int64) + 100
+    ext.setflags(write=False)
+    el.setflags(write=False)
+    send = np.arange(rounds, dtype=np.int64) % P
+    red = np.where(np.arange(rounds) < rounds // 2, (send + 1) % P, -1)
+    t = RingTable(c, ext, el, send, red)
+    ops = []
+    for i in range(rounds):
+        ops.append(Round((R + dst_shift) % P, (R - dst_shift) % P, ext[send[i]:send[i] + P], ("rotation", c),
+                         t if i == 0 else None))
+        if red[i] >= 0:
+            ops.append(Work("reduce", el[red[i]:red[i] + P]))
+    return ops, t
+
+
 def test_a_misnamed_rotation_is_refused():
-    """A round that names itself a rotation but is not one is a pattern bug: RuntimeError, not a wrong time."""
+    """A ring table that names a rotation its rounds are not is a program bug: RuntimeError, not a wrong time."""
     P = 64
     eng = FastCluster(P, get_cluster_preset("dgx-h100", P))
-    R = np.arange(P)
-    ext = np.full(2 * P, 400, dtype=np.int64)
-    ext.setflags(write=False)
-    bad = [Round((R + 2) % P, (R - 2) % P, ext[i:i + P], ("rotation", 1)) for i in range(20)]
+    bad, _ = _ring(P, 1, 2)
     with pytest.raises(RuntimeError, match="not that rotation"):
         eng.run(bad, 1)
+
+
+@pytest.mark.parametrize("feed", ["list", "delegating", "looping"])
+def test_a_ring_from_its_table_gives_the_round_by_round_bits_however_fed(feed, monkeypatch):
+    """A ring evaluated from its table then skipped in the program, fed as a list (pulled), as a generator that
+    delegates (``yield from``: SKIP_RING reaches the ring) and as one that loops over it (the rest pulled), followed
+    by another op: the same clocks, busy seconds, messages and bytes as round by round, and the op after the ring
+    is not lost (its compute is charged)."""
+    P = 64
+    net = get_cluster_preset("dgx-h100", P)
+    ops, _ = _ring(P, 1, 1)
+    tail = Work("update", 1000)
+
+    def program():
+        if feed == "list":
+            return ops + [tail]
+
+        def inner():
+            for op in ops:  # a list of ops has no send: wrap it as the generator shifted_ring_rounds would be
+                if (yield op) is SKIP_RING and op.ring is not None:
+                    return
+
+        def outer():
+            if feed == "delegating":
+                yield from inner()
+            else:
+                for op in inner():
+                    yield op
+            yield tail
+        return outer()
+
+    def once(whole):
+        with monkeypatch.context() as m:
+            if not whole:
+                m.setattr(fs, "_RUN_MIN", 10**9)
+            eng = FastCluster(P, net, COSTS)
+            eng.run(program(), 1)
+            return eng.ready, eng.busy, eng.messages, eng.bytes
+
+    want, got = once(False), once(True)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[2:] == want[2:]
+    assert want[2] == 20 * P and got[1][:, 0].max() > 0  # every round counted; the tail's update charged
+
+
+@pytest.mark.parametrize("P", [16, 64])
+def test_ring_tables_are_the_rounds_that_follow(P):
+    """Every ring table (sim.comm.rounds.RingTable) in every registered algorithm's every timing-capable collective
+    is the ring it heads: its rounds' sizes are the table's slices and its reduces the table's, in order, and the
+    rounds are the rotation it names (flat and on nodes of 8)."""
+    R = np.arange(P)
+    tables = 0
+    for G in (1, 8):
+        for name in REGISTRY:
+            for spec in _timed(name, P, G):
+                ops = list(REGISTRY[name].fast_rounds(spec, P, 123_457, 1, G))
+                for j, op in enumerate(ops):
+                    if not (isinstance(op, Round) and op.ring is not None):
+                        continue
+                    t = op.ring
+                    tables += 1
+                    i = j
+                    for n in range(t.send_at.shape[0]):
+                        r = ops[i]
+                        assert isinstance(r, Round) and r.pattern == ("rotation", t.c)
+                        assert np.array_equal(r.dst, (R + t.c) % P) and np.array_equal(r.src, (R - t.c) % P)
+                        assert np.array_equal(r.nbytes, t.sizes_b[t.send_at[n]:t.send_at[n] + P])
+                        i += 1
+                        if t.reduce_at[n] >= 0:
+                            w = ops[i]
+                            assert isinstance(w, Work) and w.kind == "reduce"
+                            assert np.array_equal(w.work, t.elems[t.reduce_at[n]:t.reduce_at[n] + P])
+                            i += 1
+    assert tables > 0
 
 
 def test_a_run_cut_by_the_memory_bound_gives_the_same_bits(monkeypatch):

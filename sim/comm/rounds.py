@@ -30,7 +30,7 @@ import numpy as np
 
 from sim.comm import collectives as C
 
-__all__ = ["Work", "Round", "Rounds", "count_messages", "chunk_size", "mapper", "ring_rounds", "shifted_ring_rounds",
+__all__ = ["Work", "Round", "RingTable", "SKIP_RING", "Rounds", "count_messages", "chunk_size", "mapper", "ring_rounds", "shifted_ring_rounds",
            "binomial_rounds", "ring_allreduce_rounds", "rd_allreduce_rounds", "hier_allreduce_rounds", "bcast_rounds",
            "topk_allgather_rounds", "hier_topk_allgather_rounds",
            "gtopk_tree_rounds", "gtopk_rd_rounds", "hier_gtopk_rounds"]
@@ -59,6 +59,32 @@ class Round:
     src: np.ndarray
     nbytes: Union[int, np.ndarray]
     pattern: Hashable = None
+    #: On the first Round of a ring from :func:`shifted_ring_rounds` only: the whole ring as tables
+    #: (:class:`RingTable`), for an engine that evaluates it at once and then sends the program :data:`SKIP_RING`.
+    ring: "RingTable | None" = None
+
+
+#: What an engine may ``send`` a program (a generator) right after it yielded a Round whose ``ring`` is set: the
+#: program then jumps past that ring's remaining Rounds and Works (:func:`shifted_ring_rounds`; through ``yield
+#: from`` the value reaches it) and ``send`` returns the op after the ring. An engine must check that it did: a
+#: program that loops over a sub-program instead of delegating to it goes on with the ring's next round.
+SKIP_RING = object()
+
+
+@dataclass(frozen=True, eq=False)
+class RingTable:
+    """A ring of :func:`shifted_ring_rounds` as tables, on its first :class:`Round`: the rounds are rotations by
+    ``c`` (the Round's pattern ``("rotation", c)``, the same dst / src arrays every round); round i sends
+    ``sizes_b[send_at[i]:send_at[i] + P]`` bytes (int64, read-only, the Rounds' own ``nbytes`` are these slices)
+    and, where ``reduce_at[i] >= 0``, is followed by ``Work("reduce", elems[reduce_at[i]:reduce_at[i] + P])``
+    (elements, int64 read-only). send_at / reduce_at: int64 (rounds,). The same rounds as the Rounds that follow,
+    so an engine that uses the table computes what it would compute from them."""
+
+    c: int
+    sizes_b: np.ndarray
+    elems: np.ndarray
+    send_at: np.ndarray
+    reduce_at: np.ndarray
 
 
 #: What a vectorised collective yields.
@@ -142,7 +168,10 @@ def shifted_ring_rounds(pos: np.ndarray, n_ring: int, inner: int, sizes: np.ndar
     step s rank r sends chunk (pos - s) % n_ring, then (pos + 1 - s) % n_ring), so it is read once on position 0
     (Python ints) and every round's sizes are a slice of the chunk table laid out twice: chunk (c0 + pos) % n_ring
     of the rank r = pos * inner + l sits at (c0 * inner + r) of the flattened doubled table. The same Rounds and
-    Work as :func:`ring_rounds` (equal arrays), without O(P) index arithmetic per round."""
+    Work as :func:`ring_rounds` (equal arrays), without O(P) index arithmetic per round. In the usual layout (every
+    round the rotation by ``inner``) the first Round carries the whole ring as a :class:`RingTable`, and the
+    generator ends early when it is sent :data:`SKIP_RING` there (an engine that evaluated the ring from the table
+    skips its 2(P - 1) rounds: about 10 us each of Python at P = 16384)."""
     steps = C.ring_schedule(pos, n_ring)
     first = next(steps, None)
     if first is None:  # n_ring = 1: no rounds
@@ -158,8 +187,16 @@ def shifted_ring_rounds(pos: np.ndarray, n_ring: int, inner: int, sizes: np.ndar
     P = pos.shape[0]
     # the usual layout, rank r = (r // inner) * inner + r % inner: every round is the rotation by inner
     rot = ("rotation", inner) if P > inner and np.array_equal(gd, (np.arange(P) + inner) % P) else None
-    for _, _, send_c, recv_c, reduce in C.ring_schedule(0, n_ring):
-        yield Round(gd, gs, ext_b[send_c * inner:send_c * inner + P], rot)
+    steps = list(C.ring_schedule(0, n_ring))
+    table = None
+    if rot is not None:
+        send_at = np.array([st[2] * inner for st in steps], dtype=np.int64)
+        reduce_at = np.array([st[3] * inner if st[4] else -1 for st in steps], dtype=np.int64)
+        table = RingTable(inner, ext_b, ext, send_at, reduce_at)
+    for i, (_, _, send_c, recv_c, reduce) in enumerate(steps):
+        if (yield Round(gd, gs, ext_b[send_c * inner:send_c * inner + P], rot, table if i == 0 else None)) \
+                is SKIP_RING and i == 0:
+            return
         if reduce:
             yield Work("reduce", ext[recv_c * inner:recv_c * inner + P])
 

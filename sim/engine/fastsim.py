@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.comm.rounds import Round, Work
+from sim.comm.rounds import SKIP_RING, Round, Work
 from sim.algorithms import AlgorithmSpec
 from sim.engine.cluster import CATEGORY_OF_KIND
 from sim.machine.compute import ComputeModel
@@ -360,6 +360,12 @@ class FastCluster:
             op = back.pop() if back else next(it, _END)
             if op is _END:
                 return
+            if isinstance(op, Round) and op.ring is not None and self._ops is None:
+                after = self._ring_whole(op, it)
+                if after is not None:  # evaluated whole; ``after``: the op after the ring
+                    if after is not _END:
+                        back.append(after)
+                    continue
             if isinstance(op, Round) and op.pattern is not None and self._ops is None:
                 seg, after = self._collect(op, it)
                 if after is not _END:
@@ -398,16 +404,7 @@ class FastCluster:
                 seg.append(op)
                 held += sum(x.nbytes for x in {id(op.dst): op.dst, id(op.src): op.src}.values() if x.base is None)
             return seg, _END
-        if not (self._unshared and rotation):
-            return seg, _END
-        while True:  # a ring: rotations by one c with array sizes, each maybe followed by its reduce
-            op = next(it, _END)
-            if isinstance(op, Work) and op.kind == "reduce" and isinstance(seg[-1], Round):
-                seg.append(op)
-                continue
-            if not (isinstance(op, Round) and op.pattern == pat and np.ndim(op.nbytes) == 1):
-                return seg, op
-            seg.append(op)
+        return seg, _END  # array sizes: a ring's rounds are evaluated whole from its table (_ring_whole) or not at all
 
     # -- runs of named rounds ---------------------------------------------------------------
     def _named_run(self, seg) -> int:
@@ -415,10 +412,11 @@ class FastCluster:
         ops were evaluated (all of a run of scalar sizes, the leading ring of a ring's run, or 0)."""
         if len(seg) < _RUN_MIN:
             return 0
-        if np.ndim(seg[0].nbytes) == 0:  # rounds of scalar sizes (rotations only, on an unshared fabric)
-            done = self._folded_rotations(seg) if self._unshared else self._memo_phase(seg)
-            return len(seg) if done else 0
-        return self._ring_run(seg)
+        if np.ndim(seg[0].nbytes) != 0:
+            return 0
+        # rounds of scalar sizes (rotations only, on an unshared fabric)
+        done = self._folded_rotations(seg) if self._unshared else self._memo_phase(seg)
+        return len(seg) if done else 0
 
     def _kernels(self):
         from sim.base.optional import kernels
@@ -459,81 +457,75 @@ class FastCluster:
         self.bytes += int(nbs.sum()) * P
         return True
 
-    def _ring_run(self, ops) -> int:
-        """A ring on a fabric with no shared link: consecutive rotations by one c whose sizes are slices of one
-        read-only table (:func:`sim.comm.rounds.shifted_ring_rounds`), each maybe followed by a ``reduce`` Work
-        whose elements are slices of one read-only table, in one compiled loop
-        (:func:`sim.engine._fast_numba.ring_run`, the same operations as exchange and compute). ``ops``: a ring's
-        run from :meth:`_collect`. Returns how many of its leading ops were evaluated (0: too short, another
-        shape, or numba missing)."""
-        pat = ops[0].pattern
-        n, P = len(ops), self.P
-        nb0 = ops[0].nbytes
-        view = self._slice_of(nb0) if isinstance(nb0, np.ndarray) and nb0.ndim == 1 else None
-        if not 1 <= pat[1] < P or view is None:
-            return 0
-        base_b, owner_b, addr_b = view[0], nb0.base, self._bases[id(nb0.base)][2]
-        base_w = owner_w = addr_w = None
-        offs, secs = [], []
-        j = 0
-
-        def offset(a, owner, addr):  # a's offset in its read-only owner (as _slice_of, checked more cheaply)
-            if not isinstance(a, np.ndarray) or a.base is not owner or a.shape != (P,) or a.strides[0] != a.itemsize:
-                return None
-            return (a.__array_interface__["data"][0] - addr) // a.itemsize
-
-        while j < n:
-            op = ops[j]
-            if not (isinstance(op, Round) and op.pattern == pat):
-                break
-            o = offset(op.nbytes, owner_b, addr_b)
-            if o is None:
-                break
-            offs.append(o)
-            j += 1
-            nxt = ops[j] if j < n else None
-            if isinstance(nxt, Work) and nxt.kind == "reduce" and isinstance(nxt.work, np.ndarray):
-                if owner_w is None:
-                    v = self._slice_of(nxt.work) if nxt.work.ndim == 1 else None
-                    if v is not None:
-                        base_w, owner_w, addr_w = v[0], nxt.work.base, self._bases[id(nxt.work.base)][2]
-                o = offset(nxt.work, owner_w, addr_w) if owner_w is not None else None
-                if o is None:
-                    secs.append(-1)
-                    break
-                secs.append(o)
-                j += 1
-            else:
-                secs.append(-1)
-        if j < _RUN_MIN or base_b.dtype.kind not in "iu" or (base_w is not None and base_w.dtype.kind not in "iu"):
-            return 0  # (the kernel takes integer sizes and element counts, as the ring's tables hold)
+    def _ring_whole(self, first, it):
+        """A ring on a fabric with no shared link, from its table (``first.ring``, :class:`~sim.comm.rounds.RingTable`
+        of :func:`sim.comm.rounds.shifted_ring_rounds`): every round with its reduce in one compiled loop
+        (:func:`sim.engine._fast_numba.ring_run`, the same operations as :meth:`exchange` and :meth:`compute`, so
+        the same bits), then the rest of the ring skipped in the program ``it`` (:data:`~sim.comm.rounds.SKIP_RING`,
+        or drained where the program does not pass it on). Returns the op after the ring (or _END), or None when
+        nothing was done (a shared fabric, fewer than :data:`_RUN_MIN` rounds, sizes not integers, numba missing).
+        Raises RuntimeError when the rounds are not the rotation the table names (a program bug)."""
+        t = first.ring
+        P = self.P
+        rounds = t.send_at.shape[0]
+        if not self._unshared or rounds < _RUN_MIN or not 1 <= t.c < P or t.sizes_b.dtype.kind not in "iu" \
+                or t.elems.dtype.kind not in "iu":
+            return None
         K = self._kernels()
         if K is None:
-            return 0
-        rounds = len(offs)
-        s, d, route, everyone, rot = self._cached_pattern(ops[0].dst, ops[0].src)  # (validates the matching)
-        if rot != pat[1] or not everyone:
-            raise RuntimeError(f"fast engine: a round named {pat!r} is not that rotation (a pattern bug)")
+            return None
+        _, _, route, everyone, rot = self._cached_pattern(first.dst, first.src)  # (validates the matching)
+        if rot != t.c or not everyone or first.pattern != ("rotation", t.c):
+            raise RuntimeError(f"fast engine: a ring table of rotation {t.c} on rounds {first.pattern!r} that are "
+                               "not that rotation (a program bug)")
         _, L, inv, _, _, _ = route  # per message (or scalars): the L + n inv of _transfer, element by element
         lat = np.ascontiguousarray(np.broadcast_to(L, (P,)), dtype=np.float64)
         inv_ = np.ascontiguousarray(np.broadcast_to(inv, (P,)), dtype=np.float64)
-        work_offsets = np.array(secs, dtype=np.int64)
-        coeff = self.model.reduce_coeff_s  # ComputeModel.seconds_all("reduce", w) = reduce_coeff_s * w
-        if "reduce" in self._free_kinds or base_w is None:
-            work_offsets[:] = -1
-            base_w = np.zeros(1, dtype=np.int64)
+        # ComputeModel.seconds_all("reduce", w) = reduce_coeff_s * w; a reduce that costs nothing is not charged
+        work_at = np.full(rounds, -1, dtype=np.int64) if "reduce" in self._free_kinds else t.reduce_at
         ready = self.ready.copy()
         busy = self._busy[CATEGORY_OF_KIND["reduce"]].copy()
         # integer sizes as float64, the conversion numpy makes in nb * inv (exact below 2^53; vectorises)
-        K.ring_run(ready, int(pat[1]), lat, inv_, base_b.astype(np.float64), np.array(offs, dtype=np.int64),
-                   float(coeff), base_w.astype(np.float64), work_offsets, busy)
+        K.ring_run(ready, int(t.c), lat, inv_, t.sizes_b.astype(np.float64), t.send_at,
+                   float(self.model.reduce_coeff_s), t.elems.astype(np.float64), work_at, busy)
         self.ready = ready
         self._busy[CATEGORY_OF_KIND["reduce"]] = busy
         self.messages += P * rounds
-        csum = np.concatenate(([0], np.cumsum(base_b, dtype=np.int64)))  # exact: integer bytes
-        o = np.array(offs, dtype=np.int64)
-        self.bytes += int((csum[o + P] - csum[o]).sum())
-        return j
+        csum = np.concatenate(([0], np.cumsum(t.sizes_b, dtype=np.int64)))  # exact: integer bytes
+        self.bytes += int((csum[t.send_at + P] - csum[t.send_at]).sum())
+        return self._skip_ring(first, it, rounds + int((t.reduce_at >= 0).sum()) - 1)
+
+    @staticmethod
+    def _skip_ring(first, it, left: int):
+        """Move the program ``it`` past the ``left`` ops of the ring that follow ``first`` (just pulled from it):
+        ``send(SKIP_RING)`` where ``it`` is a generator that passes it on to
+        :func:`sim.comm.rounds.shifted_ring_rounds`, else by pulling them. Returns the op after the ring or _END;
+        RuntimeError when an op pulled is not one of the ring's (a program that does not follow its own table)."""
+        t = first.ring
+
+        def ours(op):  # one of the ring's rounds or reduces: a slice of its table
+            return (isinstance(op, Round) and isinstance(op.nbytes, np.ndarray) and op.nbytes.base is t.sizes_b) or (
+                isinstance(op, Work) and op.kind == "reduce" and isinstance(op.work, np.ndarray)
+                and op.work.base is t.elems)
+
+        if hasattr(it, "send"):
+            try:
+                op = it.send(SKIP_RING)
+            except StopIteration:
+                return _END
+            if not ours(op):
+                return op  # skipped: the op after the ring
+            # a program that loops over the ring instead of delegating to it: the rest is pulled
+        else:
+            op = next(it, _END)
+        while True:
+            if not ours(op):
+                raise RuntimeError("fast engine: a ring's program yielded an op that is not in its table "
+                                   "(a program bug)")
+            left -= 1
+            if left == 0:
+                return next(it, _END)
+            op = next(it, _END)
 
     def _memo_phase(self, rounds) -> bool:
         """A run of named rounds of scalar sizes on a fabric with shared links, from the untouched state of a new
