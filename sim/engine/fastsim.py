@@ -197,9 +197,16 @@ ROTATION_ROUTES = _FabricMemo()
 
 #: A run of at least this many named rounds is evaluated whole (:meth:`FastCluster.run`).
 _RUN_MIN = 16
+
 #: A run of named rounds is collected up to this many bytes of arrays of its own (not views), then cut.
 _RUN_MAX_BYTES = 256 << 20
 _END = object()  # the end of a program (FastCluster.run)
+
+
+def _scalar(x) -> bool:
+    """np.ndim(x) == 0 for a Round's nbytes (an int, a numpy scalar or an array), without np.ndim's dispatch
+    (about 1 us, once per round of Ok-Topk's P - 1)."""
+    return not isinstance(x, np.ndarray) or x.ndim == 0
 
 
 #: Results of runs of named rounds from an untouched engine on a shared fabric (:meth:`FastCluster._memo_phase`):
@@ -392,17 +399,19 @@ class FastCluster:
         pat = first.pattern
         rotation = isinstance(pat, tuple) and len(pat) == 2 and pat[0] == "rotation"
         seg = [first]
-        if np.ndim(first.nbytes) == 0:
+        if _scalar(first.nbytes):
             if self._unshared and not rotation:
                 return seg, _END
             held = 0
-            while held <= _RUN_MAX_BYTES:
+            unshared = self._unshared
+            while held <= _RUN_MAX_BYTES:  # (per round Python: Ok-Topk's P - 1 rounds are pulled here)
                 op = next(it, _END)
-                if not (isinstance(op, Round) and op.pattern is not None and np.ndim(op.nbytes) == 0) or (
-                        self._unshared and not (isinstance(op.pattern, tuple) and op.pattern[0] == "rotation")):
+                if not (isinstance(op, Round) and op.pattern is not None and _scalar(op.nbytes)) or (
+                        unshared and not (isinstance(op.pattern, tuple) and op.pattern[0] == "rotation")):
                     return seg, op
                 seg.append(op)
-                held += sum(x.nbytes for x in {id(op.dst): op.dst, id(op.src): op.src}.values() if x.base is None)
+                d, s = op.dst, op.src  # the arrays the round owns (not views of a program's table), each once
+                held += (d.nbytes if d.base is None else 0) + (s.nbytes if s is not d and s.base is None else 0)
             return seg, _END
         return seg, _END  # array sizes: a ring's rounds are evaluated whole from its table (_ring_whole) or not at all
 
@@ -412,7 +421,7 @@ class FastCluster:
         ops were evaluated (all of a run of scalar sizes, the leading ring of a ring's run, or 0)."""
         if len(seg) < _RUN_MIN:
             return 0
-        if np.ndim(seg[0].nbytes) != 0:
+        if not _scalar(seg[0].nbytes):
             return 0
         # rounds of scalar sizes (rotations only, on an unshared fabric)
         done = self._folded_rotations(seg) if self._unshared else self._memo_phase(seg)
