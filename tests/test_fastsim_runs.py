@@ -135,8 +135,8 @@ def test_round_names_keep_their_promise(P):
 def _ring(P, c, dst_shift, rounds=20):
     """A ring of ``rounds`` rotations by ``dst_shift`` whose table names rotation c, with reduces: (its ops, table)."""
     R = np.arange(P)
-    ext = np.arange(2 * P, dtype=np.int64) * 4 + 400
-    el = np.arange(2 * P, dtype=np.int64) + 100
+    ext = np.tile(np.arange(P, dtype=np.int64) * 4 + 400, 2)  # laid out twice, as RingTable says
+    el = np.tile(np.arange(P, dtype=np.int64) + 100, 2)
     ext.setflags(write=False)
     el.setflags(write=False)
     send = np.arange(rounds, dtype=np.int64) % P

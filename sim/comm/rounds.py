@@ -23,6 +23,7 @@ table (:func:`shifted_ring_rounds`) so an engine may evaluate elementwise costs 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Hashable, Iterator, Union
 
@@ -75,10 +76,12 @@ SKIP_RING = object()
 class RingTable:
     """A ring of :func:`shifted_ring_rounds` as tables, on its first :class:`Round`: the rounds are rotations by
     ``c`` (the Round's pattern ``("rotation", c)``, the same dst / src arrays every round); round i sends
-    ``sizes_b[send_at[i]:send_at[i] + P]`` bytes (int64, read-only, the Rounds' own ``nbytes`` are these slices)
-    and, where ``reduce_at[i] >= 0``, is followed by ``Work("reduce", elems[reduce_at[i]:reduce_at[i] + P])``
-    (elements, int64 read-only). send_at / reduce_at: int64 (rounds,). The same rounds as the Rounds that follow,
-    so an engine that uses the table computes what it would compute from them."""
+    ``sizes_b[send_at[i]:send_at[i] + P]`` bytes (int64 (2P,), read-only, the Rounds' own ``nbytes`` are these
+    slices) and, where ``reduce_at[i] >= 0``, is followed by ``Work("reduce", elems[reduce_at[i]:reduce_at[i] +
+    P])`` (elements, int64 (2P,) read-only). Both tables are one chunk table laid out twice (``sizes_b[j] ==
+    sizes_b[j + P]``: rank r's neighbour r - c sends ``sizes_b[send_at[i] + r - c]``, read wrapped), send_at /
+    reduce_at: int64 (rounds,) in [0, P]. The same rounds as the Rounds that follow, so an engine that uses the
+    table computes what it would compute from them."""
 
     c: int
     sizes_b: np.ndarray
@@ -187,18 +190,33 @@ def shifted_ring_rounds(pos: np.ndarray, n_ring: int, inner: int, sizes: np.ndar
     P = pos.shape[0]
     # the usual layout, rank r = (r // inner) * inner + r % inner: every round is the rotation by inner
     rot = ("rotation", inner) if P > inner and np.array_equal(gd, (np.arange(P) + inner) % P) else None
-    steps = list(C.ring_schedule(0, n_ring))
+    steps, send, recv = _ring_steps(n_ring)
     table = None
     if rot is not None:
-        send_at = np.array([st[2] * inner for st in steps], dtype=np.int64)
-        reduce_at = np.array([st[3] * inner if st[4] else -1 for st in steps], dtype=np.int64)
+        send_at = send * inner
+        reduce_at = np.where(recv >= 0, recv * inner, -1)
+        send_at.setflags(write=False)
+        reduce_at.setflags(write=False)
         table = RingTable(inner, ext_b, ext, send_at, reduce_at)
-    for i, (_, _, send_c, recv_c, reduce) in enumerate(steps):
+    for i, (send_c, recv_c, reduce) in enumerate(steps):
         if (yield Round(gd, gs, ext_b[send_c * inner:send_c * inner + P], rot, table if i == 0 else None)) \
                 is SKIP_RING and i == 0:
             return
         if reduce:
             yield Work("reduce", ext[recv_c * inner:recv_c * inner + P])
+
+
+@functools.lru_cache(maxsize=16)
+def _ring_steps(n_ring: int):
+    """Position 0's ring schedule (:func:`sim.comm.collectives.ring_schedule`) on n_ring positions, read once per
+    n_ring (a plan asks for a hundred rings of one P): (list of (send chunk, received chunk, reduce) Python ints and
+    bools, int64 (rounds,) send chunks, int64 (rounds,) received chunks where reduced else -1), arrays read-only."""
+    steps = [(send_c, recv_c, reduce) for _, _, send_c, recv_c, reduce in C.ring_schedule(0, n_ring)]
+    send = np.array([st[0] for st in steps], dtype=np.int64)
+    recv = np.array([st[1] if st[2] else -1 for st in steps], dtype=np.int64)
+    send.setflags(write=False)
+    recv.setflags(write=False)
+    return steps, send, recv
 
 
 def ring_allreduce_rounds(R: np.ndarray, P: int, n, value_bytes: int, to_rank=None) -> Rounds:

@@ -15,64 +15,79 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def _arrive(out, a, b, lat, sz, inv):
-    """out[r] = max(a[r], b[r]) + (lat[r] + sz[r] * inv[r]) for r < len(out): a rotation's rendezvous and transfer
-    (float64 1-D views of equal length, contiguous, so that the loop has no index arithmetic and vectorises)."""
+def _ring_step_reduce(out, busy, mid, right, left, lat1, sz1, inv1, lat0, sz0, inv0, w, coeff):
+    """One ring round with its reduce, rank by rank (float64 1-D contiguous views of equal length, no index
+    arithmetic, so the loop vectorises): rank r's own send arrives at a1 = max(mid[r], right[r]) + (lat1[r] +
+    sz1[r] * inv1[r]) (its clock, its receiver's), the message it receives at a0 = max(left[r], mid[r]) +
+    (lat0[r] + sz0[r] * inv0[r]) (its sender's clock, its own, the sender's cost), and
+    out[r] = max(a1, a0) + coeff * w[r], busy[r] += coeff * w[r]."""
     for r in range(out.shape[0]):
-        x = a[r]
-        y = b[r]
-        out[r] = (x if x >= y else y) + (lat[r] + sz[r] * inv[r])
-
-
-@njit(cache=True, nogil=True)
-def _receive_reduce(out, busy, a, b, w, coeff):
-    """out[r] = max(a[r], b[r]) + coeff * w[r], busy[r] += coeff * w[r]: the receive then the reduce of w[r]
-    elements at coeff s each (float64 1-D contiguous views of equal length)."""
-    for r in range(out.shape[0]):
-        x = a[r]
-        y = b[r]
+        x = mid[r]
+        y = right[r]
+        a1 = (x if x >= y else y) + (lat1[r] + sz1[r] * inv1[r])
+        z = left[r]
+        a0 = (z if z >= x else x) + (lat0[r] + sz0[r] * inv0[r])
         s = coeff * w[r]
-        out[r] = (x if x >= y else y) + s
+        out[r] = (a1 if a1 >= a0 else a0) + s
         busy[r] = busy[r] + s
 
 
 @njit(cache=True, nogil=True)
-def _receive(out, a, b):
-    """out[r] = max(a[r], b[r]): the receive (float64 1-D contiguous views of equal length)."""
+def _ring_step(out, mid, right, left, lat1, sz1, inv1, lat0, sz0, inv0):
+    """:func:`_ring_step_reduce` without the reduce: out[r] = max(a1, a0)."""
     for r in range(out.shape[0]):
-        x = a[r]
-        y = b[r]
-        out[r] = x if x >= y else y
+        x = mid[r]
+        y = right[r]
+        a1 = (x if x >= y else y) + (lat1[r] + sz1[r] * inv1[r])
+        z = left[r]
+        a0 = (z if z >= x else x) + (lat0[r] + sz0[r] * inv0[r])
+        out[r] = a1 if a1 >= a0 else a0
 
 
 @njit(cache=True, nogil=True)
 def ring_run(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, busy_row):
     """A ring's rounds on ``ready`` (float64 (P,), s, updated in place): round i is the rotation by c (1 <= c < P)
     where rank r's message of ``sizes[offsets[i] + r]`` bytes costs ``lat[r] + sizes[offsets[i] + r] * inv[r]`` s
-    (lat, inv: float64 (P,), the latency sum in s and 1 / slowest bandwidth in s/byte of r's path; sizes: float64,
-    the ring's read-only size table, :func:`sim.comm.rounds.shifted_ring_rounds`, its integers converted as numpy
-    converts them in ``n * inv``); then, if ``work_offsets[i] >= 0``, every rank reduces ``works[work_offsets[i] + r]``
-    elements (float64) at ``coeff`` s each, the seconds added to ``ready`` and to ``busy_row`` (float64 (P,), in
-    place). offsets / work_offsets: int64 (rounds,). Each rotation is split in two ranges without index wrap-around
-    and each range is handed to a loop over contiguous views (no index arithmetic, hence no gathers: 2.2x over
-    indexing ``sizes[off + r]`` in place, the same bits). Source: the rules of
-    :meth:`sim.engine.fastsim.FastCluster.exchange`."""
+    (lat, inv: float64 (P,), the latency sum in s and 1 / slowest bandwidth in s/byte of r's path; sizes: the
+    ring's read-only size table, float64 or an integer type converted exactly, laid out twice, sizes[j] =
+    sizes[j + P], as :func:`sim.comm.rounds.shifted_ring_rounds` makes it; offsets in [0, P]); then, if
+    ``work_offsets[i] >= 0``, every rank reduces ``works[work_offsets[i] + r]`` elements at ``coeff`` s each, the
+    seconds added to ``ready`` and to ``busy_row`` (float64 (P,), in place). offsets / work_offsets: int64 (rounds,).
+
+    Rank r's new clock is max(its send's arrival, its receive's arrival) (+ the reduce), both computed from the old
+    clocks of r - c, r and r + c, in one pass per round over clocks padded with their wrap-around (so the loop has
+    no index arithmetic and vectorises, and no arrival array is stored and read back): the operations of
+    :meth:`sim.engine.fastsim.FastCluster.exchange` and ``compute``, element by element, hence their bits. The
+    sender's cost of r's receive is computed again at r (the same float operations on the same values).
+    Source: the rules of :meth:`sim.engine.fastsim.FastCluster.exchange`."""
     P = ready.shape[0]
-    arrive = np.empty(P)
-    m = P - c
+    n = sizes.shape[0]
+    szp = np.empty(n + c)  # szp[j + c] = sizes[j]; szp[j] = sizes[j - c + P] for j < c (the table's period P)
+    szp[c:] = sizes
+    szp[:c] = sizes[n - c:]
+    latx = np.empty(P + c)  # latx[x + c] = lat[x], latx[x] = lat[x - c + P]
+    latx[c:] = lat
+    latx[:c] = lat[P - c:]
+    invx = np.empty(P + c)
+    invx[c:] = inv
+    invx[:c] = inv[P - c:]
+    cur = np.empty(P + 2 * c)  # cur[x + c] = ready[x mod P] for x in [-c, P + c)
+    nxt = np.empty(P + 2 * c)
+    cur[c:c + P] = ready
     for i in range(offsets.shape[0]):
+        cur[:c] = cur[P:P + c]
+        cur[P + c:] = cur[c:2 * c]
         off = offsets[i]
-        sz = sizes[off:off + P]
-        _arrive(arrive[:m], ready[:m], ready[c:], lat[:m], sz[:m], inv[:m])
-        _arrive(arrive[m:], ready[m:], ready[:c], lat[m:], sz[m:], inv[m:])
         wo = work_offsets[i]
         if wo >= 0:
-            w = works[wo:wo + P]
-            _receive_reduce(ready[:c], busy_row[:c], arrive[:c], arrive[m:], w[:c], coeff)
-            _receive_reduce(ready[c:], busy_row[c:], arrive[c:], arrive[:m], w[c:], coeff)
+            _ring_step_reduce(nxt[c:c + P], busy_row, cur[c:c + P], cur[2 * c:2 * c + P], cur[:P],
+                              latx[c:], szp[off + c:off + c + P], invx[c:], latx[:P], szp[off:off + P], invx[:P],
+                              works[wo:wo + P], coeff)
         else:
-            _receive(ready[:c], arrive[:c], arrive[m:])
-            _receive(ready[c:], arrive[c:], arrive[:m])
+            _ring_step(nxt[c:c + P], cur[c:c + P], cur[2 * c:2 * c + P], cur[:P],
+                       latx[c:], szp[off + c:off + c + P], invx[c:], latx[:P], szp[off:off + P], invx[:P])
+        cur, nxt = nxt, cur
+    ready[:] = cur[c:c + P]
 
 
 @njit(cache=True, nogil=True)

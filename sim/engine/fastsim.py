@@ -472,14 +472,17 @@ class FastCluster:
         (:func:`sim.engine._fast_numba.ring_run`, the same operations as :meth:`exchange` and :meth:`compute`, so
         the same bits), then the rest of the ring skipped in the program ``it`` (:data:`~sim.comm.rounds.SKIP_RING`,
         or drained where the program does not pass it on). Returns the op after the ring (or _END), or None when
-        nothing was done (a shared fabric, fewer than :data:`_RUN_MIN` rounds, sizes not integers, numba missing).
+        nothing was done (a shared fabric, fewer than :data:`_RUN_MIN` rounds, sizes not integers, a table not laid
+        out as :class:`~sim.comm.rounds.RingTable` says, numba missing).
         Raises RuntimeError when the rounds are not the rotation the table names (a program bug)."""
         t = first.ring
         P = self.P
         rounds = t.send_at.shape[0]
         if not self._unshared or rounds < _RUN_MIN or not 1 <= t.c < P or t.sizes_b.dtype.kind not in "iu" \
-                or t.elems.dtype.kind not in "iu":
-            return None
+                or t.elems.dtype.kind not in "iu" or t.sizes_b.shape != (2 * P,) or t.elems.shape != (2 * P,) \
+                or not np.array_equal(t.sizes_b[:P], t.sizes_b[P:]) \
+                or t.send_at.min() < 0 or t.send_at.max() > P or t.reduce_at.max() > P:
+            return None  # (the kernel reads the size table wrapped, and slices past its ends would be cut short)
         K = self._kernels()
         if K is None:
             return None
@@ -511,11 +514,14 @@ class FastCluster:
         :func:`sim.comm.rounds.shifted_ring_rounds`, else by pulling them. Returns the op after the ring or _END;
         RuntimeError when an op pulled is not one of the ring's (a program that does not follow its own table)."""
         t = first.ring
+        # a slice's base is the array that owns the memory (numpy collapses chains of views)
+        sizes = t.sizes_b if t.sizes_b.base is None else t.sizes_b.base
+        elems = t.elems if t.elems.base is None else t.elems.base
 
         def ours(op):  # one of the ring's rounds or reduces: a slice of its table
-            return (isinstance(op, Round) and isinstance(op.nbytes, np.ndarray) and op.nbytes.base is t.sizes_b) or (
+            return (isinstance(op, Round) and isinstance(op.nbytes, np.ndarray) and op.nbytes.base is sizes) or (
                 isinstance(op, Work) and op.kind == "reduce" and isinstance(op.work, np.ndarray)
-                and op.work.base is t.elems)
+                and op.work.base is elems)
 
         if hasattr(it, "send"):
             try:
