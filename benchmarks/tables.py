@@ -555,6 +555,15 @@ def plan_bench() -> str:
                     slow))
 
 
+def plan_collectives() -> str:
+    """The plan benchmark's distinct collectives at one P, simulated one by one, per algorithm:collective
+    (``benchmarks/results/plan_collectives.csv``, ``benchmarks/bench_plan_collectives.py``)."""
+    body = [[r["P"], r["collective"], r["distinct"], f(r["wall_s"], ".4g"), f(r["max_s"], ".3g"),
+             f"{100 * float(r['share']):.1f} %"] for r in rows("plan_collectives")]
+    return provenance("plan_collectives") + "\n\n" + table(
+        ["P", "algorithm:collective", "distinct collectives", "wall s (one core)", "slowest s", "share"], body)
+
+
 # ------------------------------------------------------------------ tables the code defines
 
 def _cli(*args: str) -> str:
@@ -622,6 +631,7 @@ BLOCKS: dict[str, tuple[Callable[[], str], str]] = {
     "plan-anchors-espresso": (_part("plan-anchors", "## Espresso", None), "docs/results/plan-anchors/anchors.md"),
     "plan-bench": (plan_bench, "benchmarks/results/plan.csv"),
     "plan-bench-totals": (plan_bench_totals, "benchmarks/results/plan.csv"),
+    "plan-collectives": (plan_collectives, "benchmarks/results/plan_collectives.csv"),
     "fast-p16k": (fast_p16k, "benchmarks/results/fast_p16k.csv"),
     "advisor-rankings": (advisor_rankings, "docs/results/advisor-validation/rankings.csv"),
     "advisor-summary": (advisor_summary, "docs/results/advisor-validation/rankings.csv"),

@@ -722,14 +722,24 @@ def plan_collective_keys(inp: PlanInputs, P: int, net=None, configs=None) -> lis
     return list(rec.keys)
 
 
-def _collective(spec: AlgorithmSpec, numel: int, P: int, network, compute, engine: str):
-    """A worker's task: :meth:`CollectiveTimer.simulate` of one collective, or None when it raises (the plan's own
-    process then simulates it again where the serial run would, so the error is raised there, the same object
-    type and message, at the same point of the plan)."""
-    try:
-        return CollectiveTimer.simulate(spec, numel, P, network, compute, engine)
-    except Exception:
-        return None
+def _collectives(keys, P: int, network, compute, engine: str) -> list:
+    """A worker's task: :meth:`CollectiveTimer.simulate` of each collective of ``keys`` (list of (spec, elements)),
+    in order: a list of results, None for one that raises (the plan's own process then simulates it again where the
+    serial run would, so the error is raised there, the same object type and message, at the same point of the
+    plan)."""
+    out = []
+    for spec, numel in keys:
+        try:
+            out.append(CollectiveTimer.simulate(spec, numel, P, network, compute, engine))
+        except Exception:
+            out.append(None)
+    return out
+
+
+#: Tasks per worker in :func:`prefetch_collectives`: each task is every n-th collective (n the task count), so the
+#: costly ones (a P's rings) spread over the tasks, and a task's pickling and hand-over (about 1 ms) is paid a few
+#: hundred times per P instead of once per collective.
+TASKS_PER_JOB = 64
 
 
 def _worker_init(parent_pid: int) -> None:
@@ -758,15 +768,16 @@ def prefetch_collectives(timer: CollectiveTimer, keys, jobs: int, *, progress: b
     :meth:`CollectiveTimer.simulate`, on the same arguments). Returns how many were simulated; does nothing (0)
     when jobs <= 1 or fewer than two are missing (no process is started).
 
-    One task per collective, all submitted at once in first-asked order; the pool hands them out as workers free up,
-    so the workers stay busy to the end but for the last task (a collective's time depends on its algorithm's
-    rounds, not on its elements, so there is no cheap order by cost; at P = 1024 the slowest take under a second).
-    The fast engine's process-wide memos (:data:`sim.engine.fastsim.PHASES`, ``ROTATION_ROUTES``) are each worker's
-    own, so the workers together use more CPU than the serial run (about a fifth more for ResNet-50 on gtopk-icdcs at
-    P = 1024); one task per algorithm:collective would keep a memo in one worker (no extra CPU there) but bound the
-    wall time by the costliest group (CLT-k's rings at large P), so collectives go one by one. A collective whose simulation raises is left out of the cache, so the caller's serial pass simulates it again
-    and raises the error there. Ctrl-C (or any exception here) cancels the tasks not started and waits for the
-    running ones; a worker that dies raises SparsimError. Raises ConfigError for jobs out of range."""
+    The collectives go in :data:`TASKS_PER_JOB` x jobs tasks (fewer when fewer are missing), task j taking every
+    n-th collective from the j-th in first-asked order, so that a P's costly ones (its rings, hundreds of times the
+    rest at P = 16384) spread over the tasks; all are submitted at once and the pool hands them out as workers free
+    up, so the workers stay busy to the end but for the last task. The fast engine's process-wide memos
+    (:data:`sim.engine.fastsim.PHASES`, ``ROTATION_ROUTES``) are each worker's own, so the workers together use more
+    CPU than the serial run (about a fifth more for ResNet-50 on gtopk-icdcs at P = 1024); one task per
+    algorithm:collective would keep a memo in one worker but bound the wall time by the costliest group (CLT-k's
+    rings at large P). A collective whose simulation raises is left out of the cache, so the caller's serial pass
+    simulates it again and raises the error there. Ctrl-C (or any exception here) cancels the tasks not started and
+    waits for the running ones; a worker that dies raises SparsimError. Raises ConfigError for jobs out of range."""
     jobs = check_plan_jobs(jobs)
     todo = timer.missing(keys)
     if jobs <= 1 or len(todo) < 2:
@@ -784,7 +795,9 @@ def prefetch_collectives(timer: CollectiveTimer, keys, jobs: int, *, progress: b
         with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx, initializer=_worker_init,
                                  initargs=(os.getpid(),)) as ex:
             try:
-                futures = {ex.submit(_collective, spec, n, *timer.context()): (spec, n) for spec, n in todo}
+                n_tasks = min(len(todo), jobs * TASKS_PER_JOB)
+                chunks = [todo[j::n_tasks] for j in range(n_tasks)]
+                futures = {ex.submit(_collectives, chunk, *timer.context()): chunk for chunk in chunks}
                 pending = set(futures)
                 while pending:
                     raise_if_signalled()  # a SIGTERM whose SystemExit a finalizer swallowed (sim.base.process)
@@ -795,9 +808,10 @@ def prefetch_collectives(timer: CollectiveTimer, keys, jobs: int, *, progress: b
                         except BrokenProcessPool:
                             raise SparsimError(f"a process simulating the collectives of P = {timer.P} ended without "
                                                "a result: run with --jobs 1 to see its error here") from None
-                        if r is not None:
-                            results[futures[f]] = r
-                        bar.update(1)
+                        for key, one in zip(futures[f], r):
+                            if one is not None:
+                                results[key] = one
+                        bar.update(len(futures[f]))
             except BaseException:  # Ctrl-C, SIGTERM, a dead worker: drop the tasks not started and wait for the
                 ex.shutdown(wait=True, cancel_futures=True)  # running ones, so no worker outlives the plan (the
                 raise  # with's own shutdown is then a no-op: a second shutdown would not cancel)
