@@ -63,6 +63,24 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EP
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
 
 
+class _IntIn(click.ParamType):
+    """An integer option whose "not an integer" error names the valid range too (click's own says only that the
+    value is not a valid integer), so that every bad value is one line with the value and the range."""
+
+    name = "integer"
+
+    def __init__(self, valid: str):
+        self.valid = valid
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return int(str(value).strip(), 10)
+        except ValueError:
+            self.fail(f"{value!r} is not an integer: valid {self.valid}", param, ctx)
+
+
 class _OneLineErrors(click.Group):
     """A click group whose usage errors (unknown option, bad choice, missing argument) are one line
     ``error: ... (see 'sparsim COMMAND --help')`` with exit code 2, like every other user error."""
@@ -414,11 +432,12 @@ def _check_calibration_network(calibration: str) -> None:
 @click.option("--device", default=None, help="device model (workload.device): P102-100, V100, A100, H100 [default: the "
                                              "scenario's, else the cluster preset's GPU (gtopk-icdcs P102-100, "
                                              "v100-25GbE V100, dgx-h100 H100), else P102-100]")
-@click.option("--batch-size", type=int, default=None, help="samples per rank (training.batch_size)")
+@click.option("--batch-size", type=_IntIn("1 <= --batch-size <= 10000000"), default=None,
+              help="samples per rank (training.batch_size)")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a scenario key (repeatable); a key that an option here also sets (--device and "
                    "workload.device, --P and cluster.P, ...) is an error")
-@click.option("--iterations", type=int, default=1, show_default=True,
+@click.option("--iterations", type=_IntIn("1 <= --iterations <= 1000"), default=1, show_default=True,
               help="iterations simulated per configuration (more only matter with jitter or stragglers)")
 @click.option("--evidence", type=click.Path(), default=None,
               help="convergence evidence: a sparsim run directory, a folder of them (sparsim experiment tta --out DIR) "
@@ -427,14 +446,15 @@ def _check_calibration_network(calibration: str) -> None:
                                                          "0 < target <= 1 for an accuracy, > 0 for a loss")
 @click.option("--metric", default="test_accuracy", show_default=True,
               help="the evidence's metric (a name ending in 'loss' is lower-is-better)")
-@click.option("--top", type=int, default=10, show_default=True, help="rows printed per P (0: all; plan.csv has all)")
+@click.option("--top", type=_IntIn("0 <= --top <= 1000000"), default=10, show_default=True,
+              help="rows printed per P (0: all; plan.csv has all)")
 @click.option("--anchors", is_flag=True, help="instead: the advisor's verdicts on the settings of Agarwal et al. "
                                               "(MLSys 2022) and Espresso (EuroSys 2023), written to --out")
 @click.option("--out", "out", default=None, help="output directory [default: runs/plan, or runs/plan-anchors]")
 @click.option("--force", is_flag=True, help="overwrite a non-empty output directory")
 @click.option("--quiet", is_flag=True, help="no progress bar (the line with the number of configurations x P, on "
                                             "stderr, stays)")
-@click.option("--jobs", type=int, default=None,
+@click.option("--jobs", type=_IntIn("1 <= jobs <= 1024"), default=None,
               help="worker processes that simulate each P's distinct collectives before its configurations run (the "
                    "same plan.csv, bit for bit; 1: all in this process) [default: the usable cores, at most 8; valid "
                    "1 to 1024]")

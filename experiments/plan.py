@@ -1251,7 +1251,9 @@ def _spread(xs) -> dict:
     v = np.asarray(list(xs), dtype=np.float64)
     if v.size == 0:
         return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan}
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else math.nan,
+    # equal values have std 0 exactly (numpy's mean of three equal floats may differ from them in the last bit)
+    std = (0.0 if v.min() == v.max() else float(v.std(ddof=1))) if v.size > 1 else math.nan
+    return {"mean": float(v.mean()), "std": std,
             "min": float(v.min()), "max": float(v.max())}
 
 
@@ -1285,6 +1287,12 @@ def check_reached(evidence: Evidence, target: float, runs=None) -> None:
     run of ``runs`` (default every run of ``evidence``) reaches ``target`` at an evaluated iteration."""
     runs = evidence.runs if runs is None else runs
     lib = evidence.lower_is_better
+    for r in runs:  # met by the untrained model: 0 iterations to target says nothing of the configuration
+        if iterations_to_target(r.iterations, r.values, target, lib) == 0:
+            v0 = r.values[list(r.iterations).index(0)]
+            rel = "<" if lib else ">"
+            raise ConfigError(f"--target {target:g} is met before training ({evidence.metric} {v0:.6g} at iteration 0 "
+                              f"in {r.source}): valid a target {rel} {v0:.6g}, the untrained model's value")
     if any(iterations_to_target(r.iterations, r.values, target, lib) is not None for r in runs):
         return
     vals = [v for r in runs for v in r.values]
@@ -1436,7 +1444,9 @@ def pareto_figure(rows: list[dict], outdir: Path, title: str) -> None:
     from .plots import plt
 
     Ps = list(dict.fromkeys(r["P"] for r in rows))
-    algs = list(dict.fromkeys(r["algorithm"] for r in rows))
+    present = set(r["algorithm"] for r in rows)
+    # colours in the registry's order, so that an algorithm has the same colour in every plan's figure
+    algs = [a for a in REGISTRY if a in present] + sorted(present.difference(REGISTRY))
     pols = list(PLAN_POLICIES)
     markers = "os^Dvx*P"
     n = len(Ps)

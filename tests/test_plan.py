@@ -600,3 +600,63 @@ def test_anchors_under_quiet_say_what_they_run_on_stderr(tmp_path, monkeypatch):
     assert (f"Espresso's {len(pl.ESPRESSO_SIZES)} tensor sizes x {len(pl.ESPRESSO_THRESHOLDS)} fabrics x "
             f"{len(pl.ESPRESSO_VARIANTS)}") in r.stderr
     assert r.stdout.splitlines()[0] == "table"
+
+
+@pytest.mark.parametrize("opt, value, valid", [
+    ("--jobs", "abc", f"valid 1 <= jobs <= {pl.MAX_JOBS}"),
+    ("--batch-size", "1e3", "valid 1 <= --batch-size <= 10000000"),
+    ("--iterations", "x", "valid 1 <= --iterations <= 1000"),
+    ("--top", "", "valid 0 <= --top <= 1000000"),
+])
+def test_a_non_integer_option_names_the_value_and_the_range(tmp_path, opt, value, valid):
+    """--jobs abc (and the other integer options of plan) got click's own 'is not a valid integer', without the
+    range: now one line with the value and the range that the out-of-range check states, exit 2."""
+    r = _cli(["--model", MODEL, "--network", "10GbE", opt, value], tmp_path)
+    assert r.exit_code == 2 and f"{value!r} is not an integer: {valid}" in r.output, r.output
+    assert r.output.startswith("error:") and len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_target_met_before_training_is_refused(evidence_dir, tmp_path):
+    """Every evidence run starts at test accuracy 0.1 (iteration 0): a target of 0.05 is met by the untrained
+    model, 0 iterations to target for every configuration, which ranks nothing. One line, exit 2, naming the
+    untrained value as the bound."""
+    base = ["--model", MODEL, "--network", "10GbE", "--algorithms", "dense:ring,topk,gtopk:tree", "--policies", "model",
+            "--evidence", str(evidence_dir)]
+    r = _cli(base + ["--target", "0.05"], tmp_path)
+    assert r.exit_code == 2 and "--target 0.05 is met before training (test_accuracy 0.1 at iteration 0" in r.output
+    assert "valid a target > 0.1, the untrained model's value" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "p").exists()
+    assert _cli(base + ["--target", "0.8"], tmp_path).exit_code == 0  # above the start: ranked
+
+
+def test_the_spread_of_equal_values_is_zero():
+    """Three seeds with the same time to target: std 0 exactly (numpy's ddof=1 std of [x, x, x] is 1.7e-17 for
+    x = 0.0905, printed as '± 1.7e-17'); otherwise the sample standard deviation."""
+    s = pl._spread([0.0905, 0.0905, 0.0905])
+    assert s["std"] == 0.0 and s["min"] == s["max"] == 0.0905
+    assert pl._spread([1.0, 2.0, 3.0])["std"] == 1.0
+    assert np.isnan(pl._spread([1.0])["std"])
+
+
+def test_pareto_colours_follow_the_registry_not_the_ranking(tmp_path, monkeypatch):
+    """An algorithm keeps its colour across plans: the figure's series are in the registry's order whatever the
+    rows' order (before: first-ranked first, so gTop-k changed colour between plans)."""
+    seen = []
+    import matplotlib.axes
+
+    orig = matplotlib.axes.Axes.scatter
+
+    def spy(self, x, y, *a, **kw):
+        seen.append((float(y), kw.get("color")))  # y: 1e3 x the row's iter_s, which names its algorithm here
+        return orig(self, x, y, *a, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "scatter", spy)
+    rows = [{"P": 4, "algorithm": a, "density": 0.01, "policy": "model", "iter_s": t, "label": a, "dense_iter_s": 3.0}
+            for a, t in (("gtopk", 1.0), ("topk", 2.0))]
+    pl.pareto_figure(rows, tmp_path, "t")
+    first = dict(seen)
+    seen.clear()
+    pl.pareto_figure(rows[::-1], tmp_path, "t")
+    assert list(REGISTRY).index("topk") < list(REGISTRY).index("gtopk")
+    assert first == dict(seen) == {2e3: "C0", 1e3: "C1"}  # topk (2 s) C0, gtopk (1 s) C1, whatever the ranking
