@@ -15,33 +15,25 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def _ring_step_reduce(out, busy, mid, right, left, lat1, sz1, inv1, lat0, sz0, inv0, w, coeff):
-    """One ring round with its reduce, rank by rank (float64 1-D contiguous views of equal length, no index
-    arithmetic, so the loop vectorises): rank r's own send arrives at a1 = max(mid[r], right[r]) + (lat1[r] +
-    sz1[r] * inv1[r]) (its clock, its receiver's), the message it receives at a0 = max(left[r], mid[r]) +
-    (lat0[r] + sz0[r] * inv0[r]) (its sender's clock, its own, the sender's cost), and
-    out[r] = max(a1, a0) + coeff * w[r], busy[r] += coeff * w[r]."""
+def _ring_step(out, busy, mid, right, left, lat1, sz1, inv1, lat0, sz0, inv0, w, coeff, reduce):
+    """One ring round, rank by rank (float64 1-D contiguous views of equal length, no index arithmetic, so the loop
+    vectorises; ``reduce`` is loop-invariant and hoisted): rank r's own send arrives at a1 = max(mid[r], right[r]) +
+    (lat1[r] + sz1[r] * inv1[r]) (its clock, its receiver's), the message it receives at a0 = max(left[r], mid[r]) +
+    (lat0[r] + sz0[r] * inv0[r]) (its sender's clock, its own, the sender's cost), and out[r] = max(a1, a0); with
+    ``reduce``, + coeff * w[r], also added to busy[r] (w and busy are not read otherwise)."""
     for r in range(out.shape[0]):
         x = mid[r]
         y = right[r]
         a1 = (x if x >= y else y) + (lat1[r] + sz1[r] * inv1[r])
         z = left[r]
         a0 = (z if z >= x else x) + (lat0[r] + sz0[r] * inv0[r])
-        s = coeff * w[r]
-        out[r] = (a1 if a1 >= a0 else a0) + s
-        busy[r] = busy[r] + s
-
-
-@njit(cache=True, nogil=True)
-def _ring_step(out, mid, right, left, lat1, sz1, inv1, lat0, sz0, inv0):
-    """:func:`_ring_step_reduce` without the reduce: out[r] = max(a1, a0)."""
-    for r in range(out.shape[0]):
-        x = mid[r]
-        y = right[r]
-        a1 = (x if x >= y else y) + (lat1[r] + sz1[r] * inv1[r])
-        z = left[r]
-        a0 = (z if z >= x else x) + (lat0[r] + sz0[r] * inv0[r])
-        out[r] = a1 if a1 >= a0 else a0
+        m = a1 if a1 >= a0 else a0
+        if reduce:
+            s = coeff * w[r]
+            out[r] = m + s
+            busy[r] = busy[r] + s
+        else:
+            out[r] = m
 
 
 @njit(cache=True, nogil=True)
@@ -79,13 +71,9 @@ def ring_run(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, bus
         cur[P + c:] = cur[c:2 * c]
         off = offsets[i]
         wo = work_offsets[i]
-        if wo >= 0:
-            _ring_step_reduce(nxt[c:c + P], busy_row, cur[c:c + P], cur[2 * c:2 * c + P], cur[:P],
-                              latx[c:], szp[off + c:off + c + P], invx[c:], latx[:P], szp[off:off + P], invx[:P],
-                              works[wo:wo + P], coeff)
-        else:
-            _ring_step(nxt[c:c + P], cur[c:c + P], cur[2 * c:2 * c + P], cur[:P],
-                       latx[c:], szp[off + c:off + c + P], invx[c:], latx[:P], szp[off:off + P], invx[:P])
+        _ring_step(nxt[c:c + P], busy_row, cur[c:c + P], cur[2 * c:2 * c + P], cur[:P],
+                   latx[c:], szp[off + c:off + c + P], invx[c:], latx[:P], szp[off:off + P], invx[:P],
+                   works[max(wo, 0):max(wo, 0) + P], coeff, wo >= 0)
         cur, nxt = nxt, cur
     ready[:] = cur[c:c + P]
 
