@@ -456,8 +456,8 @@ def _check_calibration_network(calibration: str) -> None:
                                             "stderr, stays)")
 @click.option("--jobs", type=_IntIn("1 <= jobs <= 1024"), default=None,
               help="worker processes that simulate each P's distinct collectives before its configurations run (the "
-                   "same plan.csv, bit for bit; 1: all in this process) [default: the usable cores, at most 8; valid "
-                   "1 to 1024]")
+                   "same plan.csv, bit for bit; 1: all in this process) [default: the usable cores, at most 8, for "
+                   "P >= 2048 or a fabric with shared links, else 1; valid 1 to 1024]")
 @_user_errors
 def plan_cmd(scenario, model, network, P, densities, algorithms, policies, device, batch_size, overrides, iterations,
              evidence, target, metric, top, anchors, out, force, quiet, jobs):
@@ -493,7 +493,8 @@ def plan_cmd(scenario, model, network, P, densities, algorithms, policies, devic
         click.echo(f"wrote {path}/ (anchors.csv, anchors.md)")
         return
     check_range("--top", top, 0, 10**6)
-    jobs = pl.default_jobs() if jobs is None else pl.check_plan_jobs(jobs)
+    auto = jobs is None  # the default: a P where the workers do not pay runs in this process (pl.prefetch_jobs)
+    jobs = pl.default_jobs() if auto else pl.check_plan_jobs(jobs)
     if target is not None and evidence is None:
         raise SparsimError(f"--target {target:g} needs --evidence: valid with the convergence evidence to read")
     if evidence is None and src("metric") == click.core.ParameterSource.COMMANDLINE:
@@ -506,7 +507,7 @@ def plan_cmd(scenario, model, network, P, densities, algorithms, policies, devic
                           iterations=iterations, evidence=ev)
     path, _rows, lines = pl.run_plan(inp, out or "runs/plan", force=force, target=target, top=top or None,
                                      progress=not quiet, announce=lambda line: click.echo(line, err=True),
-                                     jobs=jobs)
+                                     jobs=jobs, auto=auto)
     for line in lines:
         click.echo(line)
     click.echo(f"wrote {path}/ (plan.csv, plan.md, pareto.png, pareto.pdf, summary.json)")

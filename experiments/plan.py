@@ -655,6 +655,25 @@ DEFAULT_JOBS_CAP = 8
 _PLACEHOLDER = (1.0, 1.0)
 
 
+#: With ``sparsim plan``'s default --jobs (:func:`simulate_plan`'s ``auto``), a P below this on a fabric without shared
+#: links simulates its collectives in the plan's own process: they are cheap there (compiled paths), and the
+#: prefetch's dry pass repeats the timelines' arithmetic, so two workers lost (ResNet-50, every collective, on
+#: dgx-h100: 16.0 s serial against 17.3 s at P = 1024; at P = 4096, 57.8 s against 31.9 s; on gtopk-icdcs, whose
+#: NICs and PCIe are shared, 29.3 s against 23.2 s already at P = 256; the 2-core VM, 2026-12-06).
+AUTO_PREFETCH_MIN_P = 2048
+
+
+def prefetch_jobs(jobs: int, P: int, network, auto: bool) -> int:
+    """The worker processes :func:`simulate_plan` uses for P's collectives: ``jobs``, or 1 when ``auto`` (the default
+    --jobs) and P < :data:`AUTO_PREFETCH_MIN_P` on a fabric without shared links
+    (:func:`sim.engine.fastsim.unshared_fabric`)."""
+    from sim.engine.fastsim import unshared_fabric
+
+    if auto and P < AUTO_PREFETCH_MIN_P and unshared_fabric(network):
+        return 1
+    return jobs
+
+
 def default_jobs() -> int:
     """``sparsim plan``'s default ``--jobs``: the CPUs this process may use, at most :data:`DEFAULT_JOBS_CAP`."""
     from .algorithm_pool import usable_cpus
@@ -822,7 +841,7 @@ def prefetch_collectives(timer: CollectiveTimer, keys, jobs: int, *, progress: b
 
 
 def simulate_plan(inp: PlanInputs, *, on_row=None, progress: bool = False, skip=None, jobs: int = 1,
-                  on_prefetch=None) -> list[dict]:
+                  on_prefetch=None, auto: bool = False) -> list[dict]:
     """Simulate every configuration of ``inp`` on every P; return the rows (dicts with :data:`COLUMNS` but
     ``rank``, plus ``config``: the :class:`Config`), P by P in configuration order, with the dense baseline of
     each P (:data:`BASELINE`: dense S-SGD on DDP's buckets overlapped with backward, not blocking, with the fastest
@@ -844,7 +863,8 @@ def simulate_plan(inp: PlanInputs, *, on_row=None, progress: bool = False, skip=
     callable(dict) after each P's prefetch (jobs > 1 only), with ``P``, ``collectives`` (the distinct ones asked
     for), ``simulated`` (by the workers), ``jobs`` (the worker processes started: 0 when fewer than two collectives
     were missing) and ``keys_s`` / ``wall_s`` (the dry pass's and the whole
-    prefetch's wall seconds).
+    prefetch's wall seconds). auto: ``jobs`` is the default, not asked for: a P where the prefetch does not pay runs
+    serially (:func:`prefetch_jobs`).
     Raises what the timeline raises; ConfigError for jobs out of range."""
     from tqdm import tqdm
 
@@ -855,16 +875,17 @@ def simulate_plan(inp: PlanInputs, *, on_row=None, progress: bool = False, skip=
         for P in inp.Ps:
             net = inp.network_of(P)
             timer = CollectiveTimer(P, net, inp.compute, inp.sc.cluster.engine)
-            if jobs > 1:
+            jobs_P = prefetch_jobs(jobs, P, net, auto)
+            if jobs_P > 1:
                 t0 = time.perf_counter()
                 configs = [c for c in inp.configs if skip is None or not skip(c, P)]
                 keys = plan_collective_keys(inp, P, net, configs)
                 t_keys = time.perf_counter() - t0
                 todo = len(timer.missing(keys))
-                n = prefetch_collectives(timer, keys, jobs, progress=progress)
+                n = prefetch_collectives(timer, keys, jobs_P, progress=progress)
                 if on_prefetch is not None:
                     on_prefetch({"P": P, "collectives": len(keys), "simulated": n,
-                                 "jobs": min(jobs, todo) if todo >= 2 else 0, "keys_s": t_keys,
+                                 "jobs": min(jobs_P, todo) if todo >= 2 else 0, "keys_s": t_keys,
                                  "wall_s": time.perf_counter() - t0})
             t0 = time.perf_counter()
             ddp = dataclasses.replace(inp.base_policy, dense="ddp", blocking=False)
@@ -1494,7 +1515,7 @@ def _csv_rows(rows: list[dict]) -> list[dict]:
 
 def run_plan(inp: PlanInputs, out, *, force: bool = False, target: float | None = None, top: int | None = 10,
              progress: bool = False, figure: bool = True, on_row=None,
-             announce=None, jobs: int = 1) -> tuple[Path | None, list[dict], list[str]]:
+             announce=None, jobs: int = 1, auto: bool = False) -> tuple[Path | None, list[dict], list[str]]:
     """Simulate, rank and report a plan; write ``out`` (None: nothing written). Returns (path or None, ranked rows,
     the printed lines).
 
@@ -1503,7 +1524,7 @@ def run_plan(inp: PlanInputs, out, *, force: bool = False, target: float | None 
     top: rows printed per P (None: all). announce: optional callable(str), given one line (the number of
     configurations x P) after every check and before the simulation (the CLI prints it to stderr, also under
     --quiet: a large plan runs for minutes). jobs: worker processes for the collectives (:func:`simulate_plan`; the
-    same rows whatever jobs). Raises ConfigError for an empty or existing non-empty ``out`` (unless ``force``), jobs
+    same rows whatever jobs); auto: jobs is the default, not asked for (:func:`prefetch_jobs`). Raises ConfigError for an empty or existing non-empty ``out`` (unless ``force``), jobs
     out of range, and what :func:`simulate_plan` raises; nothing is left half-written."""
     import shutil
 
@@ -1525,7 +1546,7 @@ def run_plan(inp: PlanInputs, out, *, force: bool = False, target: float | None 
         announce(f"plan: simulating {n} configuration{'s' if n != 1 else ''} x {len(inp.Ps)} P "
                  f"({', '.join(map(str, inp.Ps))}) = {n * len(inp.Ps)} timelines, plus the dense baseline per P")
     t0 = time.perf_counter()
-    rows = simulate_plan(inp, progress=progress, on_row=on_row, jobs=jobs)
+    rows = simulate_plan(inp, progress=progress, on_row=on_row, jobs=jobs, auto=auto)
     if inp.evidence is not None:
         predict(rows, inp.evidence, target, inp.workload.d)
     rows = rank_rows(rows)

@@ -203,6 +203,15 @@ _RUN_MAX_BYTES = 256 << 20
 _END = object()  # the end of a program (FastCluster.run)
 
 
+def unshared_fabric(fabric) -> bool:
+    """True when no link of ``fabric`` (a ClusterSpec, or a NetworkSpec: star, direct, ring, ...) carries messages of
+    more than one sender or receiver (:meth:`ClusterSpec.shared_levels` empty; a flat star or direct network): every
+    message then costs its path's closed form, and the fast engine takes its compiled paths."""
+    if isinstance(fabric, ClusterSpec):
+        return not fabric.shared_levels()
+    return fabric.topology in ("star", "direct")
+
+
 def _scalar(x) -> bool:
     """np.ndim(x) == 0 for a Round's nbytes (an int, a numpy scalar or an array), without np.ndim's dispatch
     (about 1 us, once per round of Ok-Topk's P - 1)."""
@@ -246,8 +255,7 @@ class FastCluster:
         self._last_head = None if self._free is None else np.full(self._free.shape, -np.inf)
         # no shared link anywhere: every path is uncontended and costs a closed form (1e-15 relative to the
         # message-level engine's hop-by-hop sums, which only ties on shared links would need bit for bit)
-        self._unshared = (not self.fabric.shared_levels() if isinstance(self.fabric, ClusterSpec)
-                          else self.fabric.topology in ("star", "direct"))
+        self._unshared = unshared_fabric(self.fabric)
         self._overtaken = False
         self._ops = None  # while a step is recorded for the event replay: its operations
         self.event_replays = 0
