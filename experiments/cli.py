@@ -64,13 +64,15 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >
 
 
 class _IntIn(click.ParamType):
-    """An integer option whose "not an integer" error names the valid range too (click's own says only that the
-    value is not a valid integer), so that every bad value is one line with the value and the range."""
+    """An integer option of ``sparsim plan`` whose "not an integer" error names the valid range too (click's own says
+    only that the value is not a valid integer), so that every bad value is one line with the value and the range.
+    ``option``: its key in :data:`experiments.plan.OPTION_RANGES` (read only on that error: the plan module is not
+    imported for every command)."""
 
     name = "integer"
 
-    def __init__(self, valid: str):
-        self.valid = valid
+    def __init__(self, option: str):
+        self.option = option
 
     def convert(self, value, param, ctx):
         if isinstance(value, int) and not isinstance(value, bool):
@@ -78,7 +80,12 @@ class _IntIn(click.ParamType):
         try:
             return int(str(value).strip(), 10)
         except ValueError:
-            self.fail(f"{value!r} is not an integer: valid {self.valid}", param, ctx)
+            from sim.base.errors import range_text
+
+            from . import plan as pl
+
+            self.fail(f"{value!r} is not an integer: valid {range_text(self.option, *pl.OPTION_RANGES[self.option])}",
+                      param, ctx)
 
 
 class _OneLineErrors(click.Group):
@@ -432,12 +439,12 @@ def _check_calibration_network(calibration: str) -> None:
 @click.option("--device", default=None, help="device model (workload.device): P102-100, V100, A100, H100 [default: the "
                                              "scenario's, else the cluster preset's GPU (gtopk-icdcs P102-100, "
                                              "v100-25GbE V100, dgx-h100 H100), else P102-100]")
-@click.option("--batch-size", type=_IntIn("1 <= --batch-size <= 10000000"), default=None,
+@click.option("--batch-size", type=_IntIn("--batch-size"), default=None,
               help="samples per rank (training.batch_size)")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a scenario key (repeatable); a key that an option here also sets (--device and "
                    "workload.device, --P and cluster.P, ...) is an error")
-@click.option("--iterations", type=_IntIn("1 <= --iterations <= 1000"), default=1, show_default=True,
+@click.option("--iterations", type=_IntIn("--iterations"), default=1, show_default=True,
               help="iterations simulated per configuration (more only matter with jitter or stragglers)")
 @click.option("--evidence", type=click.Path(), default=None,
               help="convergence evidence: a sparsim run directory, a folder of them (sparsim experiment tta --out DIR) "
@@ -446,7 +453,7 @@ def _check_calibration_network(calibration: str) -> None:
                                                          "0 < target <= 1 for an accuracy, > 0 for a loss")
 @click.option("--metric", default="test_accuracy", show_default=True,
               help="the evidence's metric (a name ending in 'loss' is lower-is-better)")
-@click.option("--top", type=_IntIn("0 <= --top <= 1000000"), default=10, show_default=True,
+@click.option("--top", type=_IntIn("--top"), default=10, show_default=True,
               help="rows printed per P (0: all; plan.csv has all)")
 @click.option("--anchors", is_flag=True, help="instead: the advisor's verdicts on the settings of Agarwal et al. "
                                               "(MLSys 2022) and Espresso (EuroSys 2023), written to --out")
@@ -454,7 +461,7 @@ def _check_calibration_network(calibration: str) -> None:
 @click.option("--force", is_flag=True, help="overwrite a non-empty output directory")
 @click.option("--quiet", is_flag=True, help="no progress bar (the line with the number of configurations x P, on "
                                             "stderr, stays)")
-@click.option("--jobs", type=_IntIn("1 <= jobs <= 1024"), default=None,
+@click.option("--jobs", type=_IntIn("jobs"), default=None,
               help="worker processes that simulate each P's distinct collectives before its configurations run (the "
                    "same plan.csv, bit for bit; 1: all in this process) [default: the usable cores, at most 8, for "
                    "P >= 2048 or a fabric with shared links, else 1; valid 1 to 1024]")
@@ -492,7 +499,7 @@ def plan_cmd(scenario, model, network, P, densities, algorithms, policies, devic
             click.echo(line)
         click.echo(f"wrote {path}/ (anchors.csv, anchors.md)")
         return
-    check_range("--top", top, 0, 10**6)
+    check_range("--top", top, *pl.OPTION_RANGES["--top"])
     auto = jobs is None  # the default: a P where the workers do not pay runs in this process (pl.prefetch_jobs)
     jobs = pl.default_jobs() if auto else pl.check_plan_jobs(jobs)
     if target is not None and evidence is None:

@@ -429,7 +429,7 @@ def resolve_plan(scenario: str | None = None, overrides=(), *, model: str | None
     """
     from sim.base.errors import check_int
 
-    check_int("--iterations", iterations, 1, 1000, err=ConfigError)
+    check_int("--iterations", iterations, *OPTION_RANGES["--iterations"], err=ConfigError)
     _check_set_conflicts(overrides, {"--model": model, "--network": network, "--device": device,
                                      "--batch-size": batch_size, "--P": P, "--densities": densities,
                                      "--algorithms": algorithms, "--policies": policies})
@@ -455,7 +455,7 @@ def resolve_plan(scenario: str | None = None, overrides=(), *, model: str | None
             raise ConfigError(f"--device: {err}") from None
         ov.append(f"workload.device={json.dumps(device)}")
     if batch_size is not None:
-        check_int("--batch-size", batch_size, 1, 10**7, err=ConfigError)
+        check_int("--batch-size", batch_size, *OPTION_RANGES["--batch-size"], err=ConfigError)
         ov.append(f"training.batch_size={batch_size}")
     ov += list(overrides)
     data = apply_overrides(raw, ov)
@@ -648,6 +648,10 @@ def baseline_collectives(inp: PlanInputs) -> list[str]:
 
 #: The largest ``jobs`` of :func:`simulate_plan` (``sparsim plan --jobs``): more worker processes than this is a typo.
 MAX_JOBS = 1024
+#: The valid (lo, hi) of ``sparsim plan``'s integer options, inclusive: what :func:`resolve_plan`,
+#: :func:`check_plan_jobs` and the CLI check, and what the CLI's message for a non-integer value names.
+OPTION_RANGES = {"--iterations": (1, 1000), "--batch-size": (1, 10**7), "--top": (0, 10**6), "jobs": (1, MAX_JOBS)}
+
 #: ``sparsim plan``'s default ``--jobs``: the usable cores, at most this many.
 DEFAULT_JOBS_CAP = 8
 #: Placeholder (seconds, wire bytes per rank) the dry pass of :func:`plan_collective_keys` returns for every collective
@@ -1524,8 +1528,9 @@ def run_plan(inp: PlanInputs, out, *, force: bool = False, target: float | None 
     top: rows printed per P (None: all). announce: optional callable(str), given one line (the number of
     configurations x P) after every check and before the simulation (the CLI prints it to stderr, also under
     --quiet: a large plan runs for minutes). jobs: worker processes for the collectives (:func:`simulate_plan`; the
-    same rows whatever jobs); auto: jobs is the default, not asked for (:func:`prefetch_jobs`). Raises ConfigError for an empty or existing non-empty ``out`` (unless ``force``), jobs
-    out of range, and what :func:`simulate_plan` raises; nothing is left half-written."""
+    same rows whatever jobs); auto: jobs is the default, not asked for (:func:`prefetch_jobs`). Raises ConfigError
+    for an empty or existing non-empty ``out`` (unless ``force``), jobs out of range, and what :func:`simulate_plan`
+    raises; nothing is left half-written."""
     import shutil
 
     check_plan_jobs(jobs)
