@@ -31,8 +31,8 @@ import numpy as np
 
 from sim.comm import collectives as C
 
-__all__ = ["Work", "Round", "RingTable", "SKIP_RING", "Rounds", "count_messages", "chunk_size", "mapper", "ring_rounds", "shifted_ring_rounds",
-           "binomial_rounds", "ring_allreduce_rounds", "rd_allreduce_rounds", "hier_allreduce_rounds", "bcast_rounds",
+__all__ = ["Work", "Round", "RingTable", "SKIP_RING", "Rounds", "count_messages", "chunk_size", "mapper", "ring_rounds",
+           "shifted_ring_rounds", "binomial_rounds", "ring_allreduce_rounds", "rd_allreduce_rounds", "hier_allreduce_rounds", "bcast_rounds",
            "topk_allgather_rounds", "hier_topk_allgather_rounds",
            "gtopk_tree_rounds", "gtopk_rd_rounds", "hier_gtopk_rounds"]
 

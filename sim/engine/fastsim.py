@@ -41,8 +41,8 @@ the same bits: on a fabric with no shared link a ring's 2(P - 1) rotations and r
 (:mod:`sim.engine._fast_numba`, numba), and rotations of one size per round from clocks that are the same on every
 node (Ok-Topk's P - 1) are evolved for one node's G ranks only; on a fabric with shared links a named run that
 starts from an untouched engine (the collective timer's case) is simulated once per fabric, P and sizes and then
-reused (:data:`PHASES`). The cost of a ring stays O(P^2) operations (about 2 ns each compiled): about 2 s for a dense
-ring at P = 16,384 on dgx-h100, against 2.5 s round by round (benchmarks/bench_fast_p16k.py, docs/cluster-scale.md).
+reused (:data:`PHASES`). The cost of a ring stays O(P^2) operations, about a nanosecond each compiled
+(benchmarks/bench_fast_p16k.py gives the seconds per collective, docs/cluster-scale.md shows them).
 """
 from __future__ import annotations
 
@@ -381,7 +381,7 @@ class FastCluster:
                     if after is not _END:
                         back.append(after)
                     continue
-            if isinstance(op, Round) and op.pattern is not None and self._ops is None:
+            if isinstance(op, Round) and op.pattern is not None and _scalar(op.nbytes) and self._ops is None:
                 seg, after = self._collect(op, it)
                 if after is not _END:
                     back.append(after)
@@ -400,38 +400,36 @@ class FastCluster:
             raise TypeError(f"{op!r} is not a sim.comm.rounds Work or Round")
 
     def _collect(self, first, it):
-        """The ops of the run of named rounds that starts with ``first``, pulled from ``it`` (a program is not held
-        whole: a round of SparCML's P - 1 has arrays of its own); returns (the run's ops, the first op after it or
-        _END). A run that cannot be evaluated whole is one op long; a run whose rounds hold more than
-        :data:`_RUN_MAX_BYTES` of their own arrays is cut there (its pieces then go round by round)."""
-        pat = first.pattern
-        rotation = isinstance(pat, tuple) and len(pat) == 2 and pat[0] == "rotation"
+        """The ops of the run of named rounds of scalar sizes that starts with ``first``, pulled from ``it`` (a program
+        is not held whole: a round of SparCML's P - 1 has arrays of its own); returns (the run's ops, the first op
+        after it or _END). On a fabric with no shared link only rotations are taken (:meth:`_folded_rotations`); a
+        run whose rounds hold more than :data:`_RUN_MAX_BYTES` of their own arrays is cut there (its pieces then go
+        round by round). Rounds of array sizes (rings) are evaluated from their tables instead (:meth:`_ring_whole`)."""
+        unshared = self._unshared
+
+        def takes(op):
+            return isinstance(op, Round) and op.pattern is not None and _scalar(op.nbytes) and not (
+                unshared and not (isinstance(op.pattern, tuple) and op.pattern[0] == "rotation"))
+
         seg = [first]
-        if _scalar(first.nbytes):
-            if self._unshared and not rotation:
-                return seg, _END
-            held = 0
-            unshared = self._unshared
-            while held <= _RUN_MAX_BYTES:  # (per round Python: Ok-Topk's P - 1 rounds are pulled here)
-                op = next(it, _END)
-                if not (isinstance(op, Round) and op.pattern is not None and _scalar(op.nbytes)) or (
-                        unshared and not (isinstance(op.pattern, tuple) and op.pattern[0] == "rotation")):
-                    return seg, op
-                seg.append(op)
-                d, s = op.dst, op.src  # the arrays the round owns (not views of a program's table), each once
-                held += (d.nbytes if d.base is None else 0) + (s.nbytes if s is not d and s.base is None else 0)
+        if not takes(first):
             return seg, _END
-        return seg, _END  # array sizes: a ring's rounds are evaluated whole from its table (_ring_whole) or not at all
+        held = 0
+        while held <= _RUN_MAX_BYTES:  # (per round Python: Ok-Topk's P - 1 rounds are pulled here)
+            op = next(it, _END)
+            if not takes(op):
+                return seg, op
+            seg.append(op)
+            d, s = op.dst, op.src  # the arrays the round owns (not views of a program's table), each once
+            held += (d.nbytes if d.base is None else 0) + (s.nbytes if s is not d and s.base is None else 0)
+        return seg, _END
 
     # -- runs of named rounds ---------------------------------------------------------------
     def _named_run(self, seg) -> int:
-        """Evaluate whole what it can of ``seg``, a run of :meth:`_collect` (see :meth:`run`); returns how many of its
-        ops were evaluated (all of a run of scalar sizes, the leading ring of a ring's run, or 0)."""
+        """Evaluate ``seg``, a run of :meth:`_collect` (see :meth:`run`), whole if it can; returns how many of its ops
+        were evaluated (all, or 0)."""
         if len(seg) < _RUN_MIN:
             return 0
-        if not _scalar(seg[0].nbytes):
-            return 0
-        # rounds of scalar sizes (rotations only, on an unshared fabric)
         done = self._folded_rotations(seg) if self._unshared else self._memo_phase(seg)
         return len(seg) if done else 0
 
