@@ -500,8 +500,7 @@ def plan_cmd(scenario, model, network, P, densities, algorithms, policies, devic
         click.echo(f"wrote {path}/ (anchors.csv, anchors.md)")
         return
     check_range("--top", top, *pl.OPTION_RANGES["--top"])
-    auto = jobs is None  # the default: a P where the workers do not pay runs in this process (pl.prefetch_jobs)
-    jobs = pl.default_jobs() if auto else pl.check_plan_jobs(jobs)
+    jobs = None if jobs is None else pl.check_plan_jobs(jobs)  # None: each P's default (pl.prefetch_jobs)
     if target is not None and evidence is None:
         raise SparsimError(f"--target {target:g} needs --evidence: valid with the convergence evidence to read")
     if evidence is None and src("metric") == click.core.ParameterSource.COMMANDLINE:
@@ -514,7 +513,7 @@ def plan_cmd(scenario, model, network, P, densities, algorithms, policies, devic
                           iterations=iterations, evidence=ev)
     path, _rows, lines = pl.run_plan(inp, out or "runs/plan", force=force, target=target, top=top or None,
                                      progress=not quiet, announce=lambda line: click.echo(line, err=True),
-                                     jobs=jobs, auto=auto)
+                                     jobs=jobs)
     for line in lines:
         click.echo(line)
     click.echo(f"wrote {path}/ (plan.csv, plan.md, pareto.png, pareto.pdf, summary.json)")

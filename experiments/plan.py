@@ -659,7 +659,7 @@ DEFAULT_JOBS_CAP = 8
 _PLACEHOLDER = (1.0, 1.0)
 
 
-#: With ``sparsim plan``'s default --jobs (:func:`simulate_plan`'s ``auto``), a P below this on a fabric without shared
+#: With ``sparsim plan``'s default --jobs (:func:`simulate_plan`'s ``jobs=None``), a P below this on a fabric without shared
 #: links simulates its collectives in the plan's own process: they are cheap there (compiled paths), and the
 #: prefetch's dry pass repeats the timelines' arithmetic, so two workers lost (ResNet-50, every collective, on
 #: dgx-h100: 16.0 s serial against 17.3 s at P = 1024; at P = 4096, 57.8 s against 31.9 s; on gtopk-icdcs, whose
@@ -667,15 +667,15 @@ _PLACEHOLDER = (1.0, 1.0)
 AUTO_PREFETCH_MIN_P = 2048
 
 
-def prefetch_jobs(jobs: int, P: int, network, auto: bool) -> int:
-    """The worker processes :func:`simulate_plan` uses for P's collectives: ``jobs``, or 1 when ``auto`` (the default
-    --jobs) and P < :data:`AUTO_PREFETCH_MIN_P` on a fabric without shared links
+def prefetch_jobs(jobs: int | None, P: int, network) -> int:
+    """The worker processes :func:`simulate_plan` uses for P's collectives: ``jobs`` as asked; for None (the default
+    --jobs) :func:`default_jobs`, or 1 where P < :data:`AUTO_PREFETCH_MIN_P` on a fabric without shared links
     (:func:`sim.engine.fastsim.unshared_fabric`)."""
     from sim.engine.fastsim import unshared_fabric
 
-    if auto and P < AUTO_PREFETCH_MIN_P and unshared_fabric(network):
-        return 1
-    return jobs
+    if jobs is not None:
+        return jobs
+    return 1 if P < AUTO_PREFETCH_MIN_P and unshared_fabric(network) else default_jobs()
 
 
 def default_jobs() -> int:
@@ -845,7 +845,7 @@ def prefetch_collectives(timer: CollectiveTimer, keys, jobs: int, *, progress: b
 
 
 def simulate_plan(inp: PlanInputs, *, on_row=None, progress: bool = False, skip=None, jobs: int = 1,
-                  on_prefetch=None, auto: bool = False) -> list[dict]:
+                  on_prefetch=None) -> list[dict]:
     """Simulate every configuration of ``inp`` on every P; return the rows (dicts with :data:`COLUMNS` but
     ``rank``, plus ``config``: the :class:`Config`), P by P in configuration order, with the dense baseline of
     each P (:data:`BASELINE`: dense S-SGD on DDP's buckets overlapped with backward, not blocking, with the fastest
@@ -867,19 +867,19 @@ def simulate_plan(inp: PlanInputs, *, on_row=None, progress: bool = False, skip=
     callable(dict) after each P's prefetch (jobs > 1 only), with ``P``, ``collectives`` (the distinct ones asked
     for), ``simulated`` (by the workers), ``jobs`` (the worker processes started: 0 when fewer than two collectives
     were missing) and ``keys_s`` / ``wall_s`` (the dry pass's and the whole
-    prefetch's wall seconds). auto: ``jobs`` is the default, not asked for: a P where the prefetch does not pay runs
-    serially (:func:`prefetch_jobs`).
+    prefetch's wall seconds). jobs None: the default, each P's from :func:`prefetch_jobs` (serial where the prefetch
+    does not pay).
     Raises what the timeline raises; ConfigError for jobs out of range."""
     from tqdm import tqdm
 
-    jobs = check_plan_jobs(jobs)
+    jobs = None if jobs is None else check_plan_jobs(jobs)
     rows = []
     bar = tqdm(total=len(inp.Ps) * len(inp.configs), desc="plan", unit="config", disable=None if progress else True)
     try:
         for P in inp.Ps:
             net = inp.network_of(P)
             timer = CollectiveTimer(P, net, inp.compute, inp.sc.cluster.engine)
-            jobs_P = prefetch_jobs(jobs, P, net, auto)
+            jobs_P = prefetch_jobs(jobs, P, net)
             if jobs_P > 1:
                 t0 = time.perf_counter()
                 configs = [c for c in inp.configs if skip is None or not skip(c, P)]
@@ -1519,7 +1519,7 @@ def _csv_rows(rows: list[dict]) -> list[dict]:
 
 def run_plan(inp: PlanInputs, out, *, force: bool = False, target: float | None = None, top: int | None = 10,
              progress: bool = False, figure: bool = True, on_row=None,
-             announce=None, jobs: int = 1, auto: bool = False) -> tuple[Path | None, list[dict], list[str]]:
+             announce=None, jobs: int | None = 1) -> tuple[Path | None, list[dict], list[str]]:
     """Simulate, rank and report a plan; write ``out`` (None: nothing written). Returns (path or None, ranked rows,
     the printed lines).
 
@@ -1528,12 +1528,13 @@ def run_plan(inp: PlanInputs, out, *, force: bool = False, target: float | None 
     top: rows printed per P (None: all). announce: optional callable(str), given one line (the number of
     configurations x P) after every check and before the simulation (the CLI prints it to stderr, also under
     --quiet: a large plan runs for minutes). jobs: worker processes for the collectives (:func:`simulate_plan`; the
-    same rows whatever jobs); auto: jobs is the default, not asked for (:func:`prefetch_jobs`). Raises ConfigError
+    same rows whatever jobs; None: the default, :func:`prefetch_jobs`). Raises ConfigError
     for an empty or existing non-empty ``out`` (unless ``force``), jobs out of range, and what :func:`simulate_plan`
     raises; nothing is left half-written."""
     import shutil
 
-    check_plan_jobs(jobs)
+    if jobs is not None:
+        check_plan_jobs(jobs)
     if inp.evidence is not None and target is None:
         raise ConfigError("--evidence needs --target: valid a value of the metric to reach (e.g. --target 0.8)")
     if target is not None and inp.evidence is None:
@@ -1551,7 +1552,7 @@ def run_plan(inp: PlanInputs, out, *, force: bool = False, target: float | None 
         announce(f"plan: simulating {n} configuration{'s' if n != 1 else ''} x {len(inp.Ps)} P "
                  f"({', '.join(map(str, inp.Ps))}) = {n * len(inp.Ps)} timelines, plus the dense baseline per P")
     t0 = time.perf_counter()
-    rows = simulate_plan(inp, progress=progress, on_row=on_row, jobs=jobs, auto=auto)
+    rows = simulate_plan(inp, progress=progress, on_row=on_row, jobs=jobs)
     if inp.evidence is not None:
         predict(rows, inp.evidence, target, inp.workload.d)
     rows = rank_rows(rows)

@@ -202,7 +202,7 @@ def test_timer_fill_and_missing_are_the_cache():
 
 
 def test_the_default_jobs_prefetch_only_where_it_pays(monkeypatch, tmp_path):
-    """Without --jobs (auto), a P below AUTO_PREFETCH_MIN_P on a fabric with no shared link (dgx-h100, a flat star)
+    """Without --jobs (jobs None), a P below AUTO_PREFETCH_MIN_P on a fabric with no shared link (dgx-h100, a flat star)
     runs its collectives in the plan's process; P >= 2048 there, or any P on gtopk-icdcs (shared NICs and PCIe), gets
     the workers. An explicit --jobs is used as given. The rows are the same either way."""
     from sim.machine.network import NetworkSpec
@@ -210,18 +210,18 @@ def test_the_default_jobs_prefetch_only_where_it_pays(monkeypatch, tmp_path):
 
     dgx, icdcs = get_cluster_preset("dgx-h100", 64), get_cluster_preset("gtopk-icdcs", 64)
     star = NetworkSpec.from_alpha_beta(1e-5, 1e-9)
-    assert pl.prefetch_jobs(2, 64, dgx, True) == 1 and pl.prefetch_jobs(2, 1024, star, True) == 1
-    assert pl.prefetch_jobs(2, 2048, get_cluster_preset("dgx-h100", 2048), True) == 2
-    assert pl.prefetch_jobs(2, 64, icdcs, True) == 2
-    assert pl.prefetch_jobs(2, 64, dgx, False) == 2 and pl.prefetch_jobs(1, 4096, icdcs, True) == 1
+    assert pl.prefetch_jobs(None, 64, dgx) == 1 and pl.prefetch_jobs(None, 1024, star) == 1
+    assert pl.prefetch_jobs(None, 2048, get_cluster_preset("dgx-h100", 2048)) == pl.default_jobs()
+    assert pl.prefetch_jobs(None, 64, icdcs) == pl.default_jobs()
+    assert pl.prefetch_jobs(2, 64, dgx) == 2 and pl.prefetch_jobs(1, 4096, icdcs) == 1
     info = []
     inp = _plan(P="64")
-    assert pl.simulate_plan(inp, jobs=2, auto=True, on_prefetch=info.append) == pl.simulate_plan(inp, jobs=1)
+    assert pl.simulate_plan(inp, jobs=None, on_prefetch=info.append) == pl.simulate_plan(inp, jobs=1)
     assert info == []  # no prefetch at all: the serial path
     seen = []
     monkeypatch.setattr(pl, "simulate_plan", lambda inp, **kw: seen.append(kw) or [])
     monkeypatch.setattr(pl, "rank_rows", lambda rows: rows)
-    for extra, auto in (([], True), (["--jobs", "2"], False)):
+    for extra, jobs in (([], None), (["--jobs", "2"], 2)):
         CliRunner().invoke(main, ["plan", "--model", "resnet20-cifar", "--network", "10GbE", "--P", "4", "--densities",
                                   "0.01", "--out", str(tmp_path / f"p{len(seen)}"), "--quiet", *extra])
-        assert seen and seen[-1]["auto"] is auto, seen
+        assert seen and seen[-1]["jobs"] == jobs, seen
