@@ -177,6 +177,7 @@ def test_a_ring_from_its_table_gives_the_round_by_round_bits_however_fed(feed, m
 
         def inner():
             for op in ops:  # a list of ops has no send: wrap it as the generator shifted_ring_rounds would be
+                pulled.append(op)
                 if (yield op) is SKIP_RING and op.ring is not None:
                     return
 
@@ -197,9 +198,14 @@ def test_a_ring_from_its_table_gives_the_round_by_round_bits_however_fed(feed, m
             eng.run(program(), 1)
             return eng.ready, eng.busy, eng.messages, eng.bytes
 
-    want, got = once(False), once(True)
+    pulled = []
+    want = once(False)
+    pulled.clear()
+    got = once(True)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[2:] == want[2:]
     assert want[2] == 20 * P and got[1][:, 0].max() > 0  # every round counted; the tail's update charged
+    if feed != "list":  # delegating: SKIP_RING ended the ring's generator after its first op; looping: all pulled
+        assert len(pulled) == (1 if feed == "delegating" else len(ops))
 
 
 @pytest.mark.parametrize("P", [16, 64])
