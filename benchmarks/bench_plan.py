@@ -88,15 +88,28 @@ def parse_args(argv=None):
     return a
 
 
+def issue_plan(P: str, *, model: str = "resnet50", network: str = "dgx-h100", device: str = "H100",
+               batch_size: int = 32, densities: str | None = None, policies: str = "model,bucket,layer",
+               all_collectives: bool = False):
+    """The issue's plan (:func:`experiments.plan.resolve_plan`): every registered algorithm at its default collective
+    (``all_collectives``: every collective the cluster runs) x densities (default
+    :data:`experiments.plan.DEFAULT_DENSITIES`) x policies, on ``model`` / ``network`` at the worker counts ``P``
+    (comma list). Returns its PlanInputs; raises ConfigError as resolve_plan does."""
+    algs = None if all_collectives else ",".join(f"{n}:{algo.collectives[0]}" for n, algo in REGISTRY.items())
+    if densities is None:
+        densities = ",".join(f"{d:g}" for d in pl.DEFAULT_DENSITIES)
+    return pl.resolve_plan(model=model, network=network, device=device, batch_size=batch_size, P=P,
+                           densities=densities, algorithms=algs, policies=policies)
+
+
 def main(argv=None) -> int:
     """Run the benchmark; print the table and write the CSV; return 0."""
     a = parse_args(argv)
     print(tune_malloc())
     print(environment_line())
-    algs = None if a.all_collectives else ",".join(f"{n}:{algo.collectives[0]}" for n, algo in REGISTRY.items())
     t_all = time.perf_counter()
-    inp = pl.resolve_plan(model=a.model, network=a.network, device=a.device, batch_size=a.batch_size, P=a.P,
-                          densities=a.densities, algorithms=algs, policies=a.policies)
+    inp = issue_plan(a.P, model=a.model, network=a.network, device=a.device, batch_size=a.batch_size,
+                     densities=a.densities, policies=a.policies, all_collectives=a.all_collectives)
     t_resolve = time.perf_counter() - t_all
     print(f"plan: {a.model} on {a.network}, {len(inp.configs)} configurations x P = {a.P}; set-up {t_resolve:.2f} s; "
           f"--jobs {a.jobs}")

@@ -30,9 +30,9 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment_line, markdown_table, tune_malloc, write_csv  # noqa: E402
+from bench_plan import issue_plan  # noqa: E402
 
 from experiments import plan as pl  # noqa: E402
-from sim.algorithms import REGISTRY  # noqa: E402
 from sim.engine.timeline import CollectiveTimer  # noqa: E402
 
 HEADER = ["P", "collective", "distinct", "wall_s", "max_s", "share"]
@@ -56,10 +56,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     print(tune_malloc())
     print(environment_line())
-    algs = ",".join(f"{n}:{algo.collectives[0]}" for n, algo in REGISTRY.items())  # bench_plan.py's plan
-    inp = pl.resolve_plan(model="resnet50", network="dgx-h100", device="H100", batch_size=32, P=str(a.P),
-                          densities=",".join(f"{d:g}" for d in pl.DEFAULT_DENSITIES), algorithms=algs,
-                          policies="model,bucket,layer")
+    inp = issue_plan(str(a.P))  # bench_plan.py's plan
     net = inp.network_of(a.P)
     keys = pl.plan_collective_keys(inp, a.P, net)
     print(f"P = {a.P}: {len(keys)} distinct collectives", flush=True)
