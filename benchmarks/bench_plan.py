@@ -111,7 +111,8 @@ def main(argv=None) -> int:
     inp = issue_plan(a.P, model=a.model, network=a.network, device=a.device, batch_size=a.batch_size,
                      densities=a.densities, policies=a.policies, all_collectives=a.all_collectives)
     t_resolve = time.perf_counter() - t_all
-    print(f"plan: {a.model} on {a.network}, {len(inp.configs)} configurations x P = {a.P}; set-up {t_resolve:.2f} s; "
+    print(f"plan: {a.model} on {a.network}, {len(inp.configs)} configurations + the dense baseline x P = {a.P}; "
+          f"set-up {t_resolve:.2f} s; "
           f"--jobs {a.jobs}")
     parts: dict[tuple, dict] = {}
 
@@ -174,7 +175,7 @@ def main(argv=None) -> int:
     slow = sorted((r for r in out_rows if r[1] not in ("all parts", "whole run", "set-up (resolve_plan)")),
                   key=lambda r: -r[5])[:12]
     print(markdown_table(HEADER, slow))
-    print(f"rows simulated: {len(rows)}; whole run {t_total:.1f} s wall; estimated with the skipped configurations: "
+    print(f"rows simulated: {len(rows)} + {len(inp.Ps)} dense baselines (the CSV counts both); whole run {t_total:.1f} s wall; estimated with the skipped configurations: "
           f"{est + t_resolve:.1f} s; wrote {path}")
     return 0
 
