@@ -530,6 +530,15 @@ def fast_p16k() -> str:
          "simulated s identical"], body)
 
 
+def ring_kernel() -> str:
+    """The fast engine's ring kernel at one P, tiled by tile width against one pass per round
+    (``benchmarks/results/ring_kernel.csv``, ``benchmarks/bench_ring_kernel.py``)."""
+    body = [[r["P"], r["c"], r["variant"], r["tile"], f(r["min_s"], ".3g"), f(r["median_s"], ".3g"),
+             f"{float(r['speedup']):.3g}x", r["same_bits"]] for r in rows("ring_kernel")]
+    return provenance("ring_kernel") + "\n\n" + table(
+        ["P", "c", "kernel", "tile", "min wall s", "median wall s", "speed-up", "same bits"], body)
+
+
 PLAN_TOTAL_PARTS = ("all parts", "set-up (resolve_plan)", "whole run")
 
 
@@ -633,6 +642,7 @@ BLOCKS: dict[str, tuple[Callable[[], str], str]] = {
     "plan-bench-totals": (plan_bench_totals, "benchmarks/results/plan.csv"),
     "plan-collectives": (plan_collectives, "benchmarks/results/plan_collectives.csv"),
     "fast-p16k": (fast_p16k, "benchmarks/results/fast_p16k.csv"),
+    "ring-kernel": (ring_kernel, "benchmarks/results/ring_kernel.csv"),
     "advisor-rankings": (advisor_rankings, "docs/results/advisor-validation/rankings.csv"),
     "advisor-summary": (advisor_summary, "docs/results/advisor-validation/rankings.csv"),
     "advisor-cases": (advisor_cases, "docs/results/advisor-validation/cases.csv"),

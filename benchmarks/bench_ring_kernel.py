@@ -1,0 +1,108 @@
+"""Wall time of the fast engine's ring kernel at one P: tiled (``ring_run``, by tile width) against one pass per round.
+
+A flat ring allreduce on ``dgx-h100`` (8 ranks a node: NVLink inside, InfiniBand between, the latency sums and
+1 / bandwidth of :meth:`sim.engine.fastsim.FastCluster._class_table` rounded to two classes) of n values
+(``np.array_split``'s chunk table, 4 bytes a value) with its reduces, 2(P - 1) rounds, evaluated by
+:func:`sim.engine._fast_numba._ring_rounds` (one pass over the P ranks per round) and by
+:func:`sim.engine._fast_numba.ring_run` at each tile width (``--tiles``; the engine uses ``TILE``). Each variant
+runs ``--reps`` times in turn (one warm-up call first, so compilation is not timed); the table gives the minimum,
+the median and the speed-up of the minimum over the one-pass form's, and whether the clocks and busy row are equal
+(==) to the one-pass form's. c: the rotation (1: a flat ring; 8: the ring across nodes of a 2D layout).
+
+Results: ``benchmarks/results/ring_kernel.csv`` (``--out``) with its meta.json sidecar; docs/cluster-scale.md shows
+the table (``python benchmarks/tables.py``). A benchmark: nothing asserts on time.
+
+Example:
+    .venv/bin/python benchmarks/bench_ring_kernel.py                     # P = 16384, about 30 s
+    .venv/bin/python benchmarks/bench_ring_kernel.py --P 4096 --out /tmp/rk.csv
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import environment_line, markdown_table, write_csv  # noqa: E402
+
+from sim.engine import _fast_numba as K  # noqa: E402
+
+HEADER = ["P", "c", "variant", "tile", "min_s", "median_s", "speedup", "same_bits"]
+
+
+def ring_inputs(P: int, c: int, n: int):
+    """The kernel's arguments but ``ready`` / ``busy`` for a ring of n values on P ranks rotated by c."""
+    ch = np.array([len(x) for x in np.array_split(np.arange(n), P)], dtype=np.float64)
+    sizes = np.concatenate([ch, ch]) * 4
+    offs = np.array([(P - i) % P for i in range(P - 1)] * 2, dtype=np.int64)
+    wo = np.array([(P - i) % P for i in range(P - 1)] + [-1] * (P - 1), dtype=np.int64)
+    node_edge = np.arange(P) % 8 == 8 - c if c < 8 else np.ones(P, dtype=bool)
+    lat = np.where(node_edge, 5.5e-6, 1.2e-6)
+    inv = np.where(node_edge, 1 / 50e9, 1 / 450e9)
+    return lat, inv, sizes, offs, 4.1e-12, np.concatenate([ch, ch]), wo
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--P", type=int, default=16384, help="ranks (default 16384)")
+    ap.add_argument("--c", default="1,8", help="comma list of rotations (default 1,8)")
+    ap.add_argument("--n", type=int, default=102_351, help="values reduced (default 102351)")
+    ap.add_argument("--tiles", default="512,1024,2048,4096", help="comma list of tile widths")
+    ap.add_argument("--reps", type=int, default=3, help="timed calls per variant (default 3)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "ring_kernel.csv")
+    a = ap.parse_args(argv)
+    if not 16 <= a.P <= 65536:
+        ap.error(f"--P {a.P} is out of range: valid 16 <= P <= 65536")
+    if a.reps < 1:
+        ap.error(f"--reps {a.reps} is out of range: valid reps >= 1")
+    cs = [int(x) for x in a.c.split(",")]
+    tiles = [int(x) for x in a.tiles.split(",")]
+    for c in cs:
+        if not 1 <= c < a.P:
+            ap.error(f"--c {c} is out of range: valid 1 <= c < P = {a.P}")
+    for t in tiles:
+        if t < 1:
+            ap.error(f"--tiles {t} is out of range: valid tile >= 1")
+    print(environment_line(), flush=True)
+    rows = []
+    for c in cs:
+        args = ring_inputs(a.P, c, a.n)
+        r0 = np.linspace(0.0, 1e-4, a.P) ** 2
+        variants = [("one pass per round", None)] + [("tiled", t) for t in tiles]
+
+        def call(tile):
+            ready, busy = r0.copy(), np.zeros(a.P)
+            t0 = time.perf_counter()
+            if tile is None:
+                K._ring_rounds(ready, c, *args, busy)
+            else:
+                K.ring_run(ready, c, *args, busy, tile)
+            return time.perf_counter() - t0, ready, busy
+
+        ref = call(None)  # warm-up (compilation) and the reference bits
+        for _, tile in variants[1:]:
+            call(tile)
+        times = {v: [] for v in variants}
+        same = {v: True for v in variants}
+        for _ in range(a.reps):
+            for v in variants:
+                dt, ready, busy = call(v[1])
+                times[v].append(dt)
+                same[v] &= bool(np.array_equal(ready, ref[1]) and np.array_equal(busy, ref[2]))
+        base = min(times[variants[0]])
+        for v in variants:
+            rows.append([a.P, c, v[0], v[1] if v[1] is not None else "", round(min(times[v]), 4),
+                         round(statistics.median(times[v]), 4), round(base / min(times[v]), 2), same[v]])
+            print(f"  P = {a.P} c = {c} {v[0]:<20} tile {v[1]}: {min(times[v]):.3f} s", flush=True)
+    print(markdown_table(HEADER, rows))
+    print(f"wrote {write_csv(a.out, HEADER, rows)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
