@@ -139,18 +139,20 @@ def _seg_step(out, busy, mid, right, left, a1, a0, s, reduce):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _span(out, prev, busyx, costx, i, lo, hi, shift, c, E, Ec, seg_lo, seg_n, seg_v1, seg_v0, seg_s, reduce):
-    """Block round i of :func:`ring_run` on the padded positions x in [lo, hi) (rank x + shift), segment by
-    segment: clocks ``prev`` -> ``out`` at x + E, costs at x + Ec."""
-    if hi <= lo:
-        return
-    for q in range(seg_n[i]):
-        a = max(seg_lo[i, q], lo + shift) - shift
-        b = min(seg_lo[i, q + 1], hi + shift) - shift
-        if a < b:
-            _seg_step(out[E + a:E + b], busyx[E + a:E + b], prev[E + a:E + b], prev[E + a + c:E + b + c],
-                      prev[E + a - c:E + b - c], costx[seg_v1[i, q], Ec + a:Ec + b],
-                      costx[seg_v0[i, q], Ec + a - c:Ec + b - c], seg_s[i, q], reduce)
+def _span(out, prev, busyx, costx, i, lo, hi, P, c, E, Ec, seg_lo, seg_n, seg_v1, seg_v0, seg_s, reduce):
+    """Block round i of :func:`ring_run` on the padded positions x in [lo, hi) (lo >= -P; x < 0 is rank x + P, kept
+    at its ghost position), segment by segment: clocks ``prev`` -> ``out`` at x + E, costs at x + Ec."""
+    for piece in range(2):
+        a0, b0, shift = (lo, min(hi, 0), P) if piece == 0 else (max(lo, 0), hi, 0)
+        if a0 >= b0:
+            continue
+        for q in range(seg_n[i]):
+            a = max(seg_lo[i, q], a0 + shift) - shift
+            b = min(seg_lo[i, q + 1], b0 + shift) - shift
+            if a < b:
+                _seg_step(out[E + a:E + b], busyx[E + a:E + b], prev[E + a:E + b], prev[E + a + c:E + b + c],
+                          prev[E + a - c:E + b - c], costx[seg_v1[i, q], Ec + a:Ec + b],
+                          costx[seg_v0[i, q], Ec + a - c:Ec + b - c], seg_s[i, q], reduce)
 
 
 @njit(cache=True, nogil=True)
@@ -267,21 +269,21 @@ def ring_run(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, bus
         Tb = min(T, R - g)
         _segments(g, Tb, P, c, offsets, work_offsets, s_starts, s_which, w_starts, w_which, wsec,
                   seg_lo, seg_n, seg_v1, seg_v0, seg_s)
-        for k in range(K):  # tile 0: upright trapezoid; the others: parallelograms skewed left by c a round
-            s = (k * P) // K
+        m = Tb * c
+        for k in range(K + 1):  # tile 0: upright trapezoid; 1 .. K - 1: parallelograms skewed left by c a round;
+            s = (k * P) // K  # K: the wrap-around corner [P - tc, P) u [0, tc), ranks P + x (x < 0) at ghosts x
             e = ((k + 1) * P) // K
+            if k == K:
+                busyx[E - m:E] = busyx[E + P - m:E + P]
             for t in range(1, Tb + 1):
                 prev, out = (cur, nxt) if t % 2 == 1 else (nxt, cur)
-                _span(out, prev, busyx, costx, t - 1, s + t * c if k == 0 else s - t * c, e - t * c, 0, c, E, Ec,
-                      seg_lo, seg_n, seg_v1, seg_v0, seg_s, work_offsets[g + t - 1] >= 0)
-        m = Tb * c  # the wrap-around corner: ranks P + x (x < 0) at ghost positions x
-        busyx[E - m:E] = busyx[E + P - m:E + P]
-        for t in range(1, Tb + 1):
-            prev, out = (cur, nxt) if t % 2 == 1 else (nxt, cur)
-            prev[E - (t + 1) * c:E - (t - 1) * c] = prev[E + P - (t + 1) * c:E + P - (t - 1) * c]
-            red = work_offsets[g + t - 1] >= 0
-            _span(out, prev, busyx, costx, t - 1, -t * c, 0, P, c, E, Ec, seg_lo, seg_n, seg_v1, seg_v0, seg_s, red)
-            _span(out, prev, busyx, costx, t - 1, 0, t * c, 0, c, E, Ec, seg_lo, seg_n, seg_v1, seg_v0, seg_s, red)
+                if k == K:
+                    prev[E - (t + 1) * c:E - (t - 1) * c] = prev[E + P - (t + 1) * c:E + P - (t - 1) * c]
+                    lo, hi = -t * c, t * c
+                else:
+                    lo, hi = (s + t * c if k == 0 else s - t * c), e - t * c
+                _span(out, prev, busyx, costx, t - 1, lo, hi, P, c, E, Ec, seg_lo, seg_n, seg_v1, seg_v0, seg_s,
+                      work_offsets[g + t - 1] >= 0)
         if Tb % 2 == 1:
             cur, nxt = nxt, cur
         cur[E + P - m:E + P] = cur[E - m:E]
