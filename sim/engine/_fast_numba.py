@@ -196,7 +196,6 @@ def _segments(g, Tb, P, c, offsets, work_offsets, s_starts, s_which, w_starts, w
         seg_n[t] = n
 
 
-@njit(cache=True, nogil=True)
 def ring_run(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, busy_row, tile=TILE):
     """A ring's rounds on ``ready`` (float64 (P,), s, updated in place): round i is the rotation by c (1 <= c < P)
     where rank r's message of ``sizes[offsets[i] + r]`` bytes costs ``lat[r] + sizes[offsets[i] + r] * inv[r]`` s
@@ -225,6 +224,14 @@ def ring_run(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, bus
     Tables with more than :data:`MAX_RUNS` runs, works not laid out twice, or c > tile / 8: :func:`_ring_rounds`
     (one pass per round, the same bits). Source: the rules of :meth:`sim.engine.fastsim.FastCluster.exchange`;
     time skewing: Wolf & Lam, PLDI 1991; Frigo & Strumpen, ICS 2005 (trapezoidal stencil decomposition)."""
+    if not _ring_tiled(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, busy_row, tile):
+        _ring_rounds(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, busy_row)
+
+
+@njit(cache=True, nogil=True)
+def _ring_tiled(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, busy_row, tile):
+    """:func:`ring_run`'s tiled evaluation; returns False, having changed nothing, where it does not apply (the
+    caller then runs :func:`_ring_rounds`: compiled apart, only when first needed)."""
     P = ready.shape[0]
     R = offsets.shape[0]
     K = max(1, P // tile)
@@ -238,8 +245,7 @@ def ring_run(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, bus
     s_starts, s_which, s_values, ns = _runs(sizes, P)
     w_starts, w_which, w_values, nw = _runs(works, P)
     if not doubled or ns > MAX_RUNS or nw > MAX_RUNS or T < 4:
-        _ring_rounds(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, busy_row)
-        return
+        return False
     T = min(T, R)
     E = (T + 1) * c  # clock ghosts: position x of a padded row holds rank x mod P at index x + E
     Ec = E + c
@@ -291,6 +297,7 @@ def ring_run(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, bus
         g += Tb
     ready[:] = cur[E:E + P]
     busy_row[:] = busyx[E:E + P]
+    return True
 
 
 @njit(cache=True, nogil=True)
