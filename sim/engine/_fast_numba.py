@@ -17,6 +17,14 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
+def _copy(dst, d0, src, s0, n):
+    """dst[d0:d0 + n] = src[s0:s0 + n] (float64 1-D; ranges that do not overlap) as a loop: numba's slice assignment
+    compiles its broadcasting machinery anew in every function that uses it (seconds each)."""
+    for x in range(n):
+        dst[d0 + x] = src[s0 + x]
+
+
+@njit(cache=True, nogil=True)
 def _ring_step(out, busy, mid, right, left, lat1, sz1, inv1, lat0, sz0, inv0, w, coeff, reduce):
     """One ring round, rank by rank (float64 1-D contiguous views of equal length, no index arithmetic, so the loop
     vectorises; ``reduce`` is loop-invariant and hoisted): rank r's own send arrives at a1 = max(mid[r], right[r]) +
@@ -58,27 +66,27 @@ def _ring_rounds(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets,
     P = ready.shape[0]
     n = sizes.shape[0]
     szp = np.empty(n + c)  # szp[j + c] = sizes[j]; szp[j] = sizes[j - c + P] for j < c (the table's period P)
-    szp[c:] = sizes
-    szp[:c] = sizes[n - c:]
+    _copy(szp, c, sizes, 0, n)
+    _copy(szp, 0, sizes, n - c, c)
     latx = np.empty(P + c)  # latx[x + c] = lat[x], latx[x] = lat[x - c + P]
-    latx[c:] = lat
-    latx[:c] = lat[P - c:]
+    _copy(latx, c, lat, 0, P)
+    _copy(latx, 0, lat, P - c, c)
     invx = np.empty(P + c)
-    invx[c:] = inv
-    invx[:c] = inv[P - c:]
+    _copy(invx, c, inv, 0, P)
+    _copy(invx, 0, inv, P - c, c)
     cur = np.empty(P + 2 * c)  # cur[x + c] = ready[x mod P] for x in [-c, P + c)
     nxt = np.empty(P + 2 * c)
-    cur[c:c + P] = ready
+    _copy(cur, c, ready, 0, P)
     for i in range(offsets.shape[0]):
-        cur[:c] = cur[P:P + c]
-        cur[P + c:] = cur[c:2 * c]
+        _copy(cur, 0, cur, P, c)
+        _copy(cur, P + c, cur, c, c)
         off = offsets[i]
         wo = work_offsets[i]
         _ring_step(nxt[c:c + P], busy_row, cur[c:c + P], cur[2 * c:2 * c + P], cur[:P],
                    latx[c:], szp[off + c:off + c + P], invx[c:], latx[:P], szp[off:off + P], invx[:P],
                    works[max(wo, 0):max(wo, 0) + P], coeff, wo >= 0)
         cur, nxt = nxt, cur
-    ready[:] = cur[c:c + P]
+    _copy(ready, 0, cur, c, P)
 
 
 #: Most runs of equal values the size (or work) table of a ring may have, read cyclically over its period P, for
@@ -268,8 +276,8 @@ def _ring_tiled(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, 
     cur = np.empty(P + 2 * E)
     nxt = np.empty(P + 2 * E)
     busyx = np.empty(P + 2 * E)
-    cur[E:E + P] = ready
-    busyx[E:E + P] = busy_row
+    _copy(cur, E, ready, 0, P)
+    _copy(busyx, E, busy_row, 0, P)
     g = 0
     while g < R:
         Tb = min(T, R - g)
@@ -280,11 +288,11 @@ def _ring_tiled(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, 
             s = (k * P) // K  # K: the wrap-around corner [P - tc, P) u [0, tc), ranks P + x (x < 0) at ghosts x
             e = ((k + 1) * P) // K
             if k == K:
-                busyx[E - m:E] = busyx[E + P - m:E + P]
+                _copy(busyx, E - m, busyx, E + P - m, m)
             for t in range(1, Tb + 1):
                 prev, out = (cur, nxt) if t % 2 == 1 else (nxt, cur)
                 if k == K:
-                    prev[E - (t + 1) * c:E - (t - 1) * c] = prev[E + P - (t + 1) * c:E + P - (t - 1) * c]
+                    _copy(prev, E - (t + 1) * c, prev, E + P - (t + 1) * c, 2 * c)
                     lo, hi = -t * c, t * c
                 else:
                     lo, hi = (s + t * c if k == 0 else s - t * c), e - t * c
@@ -292,11 +300,11 @@ def _ring_tiled(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, 
                       work_offsets[g + t - 1] >= 0)
         if Tb % 2 == 1:
             cur, nxt = nxt, cur
-        cur[E + P - m:E + P] = cur[E - m:E]
-        busyx[E + P - m:E + P] = busyx[E - m:E]
+        _copy(cur, E + P - m, cur, E - m, m)
+        _copy(busyx, E + P - m, busyx, E - m, m)
         g += Tb
-    ready[:] = cur[E:E + P]
-    busy_row[:] = busyx[E:E + P]
+    _copy(ready, 0, cur, E, P)
+    _copy(busy_row, 0, busyx, E, P)
     return True
 
 
