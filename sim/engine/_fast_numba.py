@@ -90,8 +90,12 @@ def _ring_rounds(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets,
 
 
 #: Most runs of equal values the size (or work) table of a ring may have, read cyclically over its period P, for
-#: :func:`ring_run` to evaluate it by segments; more: :func:`_ring_rounds`. A chunk table of ``np.array_split`` has 2.
-MAX_RUNS = 8
+#: :func:`ring_run` to evaluate it by segments; more: :func:`_ring_rounds`. A chunk table of ``np.array_split`` has 2
+#: (or 1); at 8 the segments' overhead made P = 1024 rings 2x slower than one pass per round (helper-28's review).
+MAX_RUNS = 4
+#: Fewest rounds a block of :func:`ring_run` may have (T = (P // K) // (2c), K = max(1, P // tile) tiles); fewer:
+#: :func:`_ring_rounds`. At T = 4 (c = 128 at P = 1024) the tiles' overhead made it 1.2-1.7x slower.
+MIN_BLOCK = 16
 #: Ranks per tile of :func:`ring_run` (its clocks, two cost rows and the busy row of a tile, 5 x 8 KB, stay in a 48 KB
 #: L1 cache over the tile's rounds; measured best of 512 .. 4096 by benchmarks/bench_ring_kernel.py).
 TILE = 1024
@@ -221,17 +225,20 @@ def ring_run(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, bus
     * **Costs per distinct size.** A chunk table has a few runs of equal sizes (``np.array_split``: q + 1, then q),
       so a round's ranks fall in a few segments on which r's send size and its sender's are one value each; the
       cost ``lat[x] + v * inv[x]`` of every rank x is computed once per distinct size v (the same operations on the
-      same values as computing it every round) and the reduce's ``coeff * w`` once per distinct w.
-    * **Tiles of ranks over blocks of rounds** (time skewing): a block of T = tile // (2c) rounds is evaluated tile
-      by tile, each tile's rounds in order while its data stay in L1; tile 0 shrinks by c a round on both sides
-      (an upright trapezoid, needing only its own clocks), the others are parallelograms skewed left by c a round
-      (needing the previous tile's, already computed), and the wrap-around corner [P - tc, P) u [0, tc) at round t
-      is evaluated last from ghost copies. Every (rank, round) is computed once from the clocks of the round
-      before, and two clock buffers suffice (what a tile overwrites, no later step reads).
+      same values as computing it every round; sizes are whole numbers, so -0.0, which compares equal to 0.0 but
+      could change a zero's sign, does not occur) and the reduce's ``coeff * w`` once per distinct w.
+    * **Tiles of ranks over blocks of rounds** (time skewing): K = max(1, P // tile) tiles of about P / K ranks; a
+      block of T = min(R, (P // K) // (2c)) rounds is evaluated tile by tile, each tile's rounds in order while its
+      data stay in L1; tile 0 shrinks by c a round on both sides (an upright trapezoid, needing only its own
+      clocks), the others are parallelograms skewed left by c a round (needing the previous tile's, already
+      computed), and the wrap-around corner [P - tc, P) u [0, tc) at round t is evaluated last from ghost copies.
+      Every (rank, round) is computed once from the clocks of the round before, and two clock buffers suffice
+      (what a tile overwrites, no later step reads).
 
-    Tables with more than :data:`MAX_RUNS` runs, works not laid out twice, or c > tile / 8: :func:`_ring_rounds`
-    (one pass per round, the same bits). Source: the rules of :meth:`sim.engine.fastsim.FastCluster.exchange`;
-    time skewing: Wolf & Lam, PLDI 1991; Frigo & Strumpen, ICS 2005 (trapezoidal stencil decomposition)."""
+    Tables with more than :data:`MAX_RUNS` runs, tables not laid out twice, or (P // K) // (2c) < :data:`MIN_BLOCK`
+    (c large for the tile): :func:`_ring_rounds` (one pass per round, the same bits). Source: the rules of
+    :meth:`sim.engine.fastsim.FastCluster.exchange`; time skewing: Wolf & Lam, PLDI 1991; Frigo & Strumpen, ICS
+    2005 (trapezoidal stencil decomposition)."""
     if not _ring_tiled(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, busy_row, tile):
         _ring_rounds(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, busy_row)
 
@@ -244,15 +251,14 @@ def _ring_tiled(ready, c, lat, inv, sizes, offsets, coeff, works, work_offsets, 
     R = offsets.shape[0]
     K = max(1, P // tile)
     T = (P // K) // (2 * c)
-    doubled = sizes.shape[0] == 2 * P and works.shape[0] == 2 * P
-    if doubled:
-        for j in range(P):
-            if sizes[j] != sizes[j + P] or works[j] != works[j + P]:
-                doubled = False
-                break
+    if T < MIN_BLOCK or sizes.shape[0] != 2 * P or works.shape[0] != 2 * P:
+        return False
+    for j in range(P):
+        if sizes[j] != sizes[j + P] or works[j] != works[j + P]:
+            return False
     s_starts, s_which, s_values, ns = _runs(sizes, P)
     w_starts, w_which, w_values, nw = _runs(works, P)
-    if not doubled or ns > MAX_RUNS or nw > MAX_RUNS or T < 4:
+    if ns > MAX_RUNS or nw > MAX_RUNS:
         return False
     T = min(T, R)
     E = (T + 1) * c  # clock ghosts: position x of a padded row holds rank x mod P at index x + E
