@@ -1,7 +1,9 @@
 """Wall seconds per simulated iteration at P = 64 ... 65536: fast engine vs message-level engine (vs SimGrid).
 
 For each collective and P, one timing-only iteration (``sim.engine.timing.simulate_timing``, zero compute, so the
-simulated time is the communication alone) is run in a fresh subprocess, once on the fast engine
+simulated time is the communication alone), after a warm-up iteration of the same collective on 64 ranks (16 nodes
+on a cluster preset: rings long enough for the compiled loop; it loads the fast engine's numba kernels, about half a
+second per process), is run in a fresh subprocess, once on the fast engine
 (:mod:`sim.engine.fastsim`) and, where it finishes within ``--message-budget`` seconds (estimated from the previous
 P with the growth of the message count), on the message-level SimPy engine. Per case: wall seconds, the
 simulated seconds of both engines and their relative difference, the speed-up, the peak resident memory of
@@ -66,6 +68,11 @@ def one_case(name: str, P: int, engine: str) -> dict:
     net = get_preset(net_name) if net_name == "1GbE" else get_cluster_preset(net_name, P)
     G = 1 if net_name == "1GbE" else net.gpus_per_node
     spec = AlgorithmSpec(alg, k=None if alg == "dense" else K, collective=coll, gpus_per_node=G)
+    # warm-up on 64 ranks (16 nodes of a cluster: rings of 30 rounds, compiled): numba loads the fast engine's
+    # kernels once per process (about half a second from its cache), a cost of the process, not of the iteration
+    warm = 16 * G if net_name != "1GbE" else 64
+    simulate_timing(spec, warm, D, network=net if net_name == "1GbE" else get_cluster_preset(net_name, warm),
+                    engine=engine)
     t0 = time.perf_counter()
     res = simulate_timing(spec, P, D, network=net, engine=engine)
     wall = time.perf_counter() - t0

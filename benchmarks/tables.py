@@ -139,6 +139,74 @@ def cluster_scale() -> str:
          "SimGrid wall s", "fast peak RSS MB"], body)
 
 
+def cluster_scale_reading() -> str:
+    """The sentences that read the cluster-scale table, computed from ``benchmarks/results/cluster_scale.csv``: the
+    fast engine against the message-level engine and SimGrid at P = 1024, the slowest collective at each large P,
+    and the peak memory."""
+    rs = [r for r in rows("cluster_scale") if r["status"] == "ok"]
+    fast = {(r["collective"], int(r["P"])): r for r in rs if r["engine"] == "fast"}
+    msg = {(r["collective"], int(r["P"])): r for r in rs if r["engine"] == "message"}
+
+    def x(a, b) -> str:
+        return f"{float(a) / float(b):,.0f}x"
+
+    out = []
+    ring, bruck, tree = ("dense ring", 1024), ("Top-k (Bruck)", 1024), ("gTop-k tree", 1024)
+    if ring in fast and ring in msg:
+        fr = fast[ring]
+        s = (f"at P = 1024 the fast engine is {x(msg[ring]['wall_s'], fr['wall_s'])} faster than the message-level "
+             f"engine on the dense ring ({f(fr['wall_s'])} s against {f(msg[ring]['wall_s'])} s)")
+        if fr["simgrid_wall_s"]:
+            s += f" and {x(fr['simgrid_wall_s'], fr['wall_s'])} faster than SimGrid ({f(fr['simgrid_wall_s'])} s)"
+        sg = [(n, fast[c]) for n, c in (("Bruck", bruck), ("the tree", tree)) if c in fast and fast[c]["simgrid_wall_s"]]
+        if sg:
+            s += ", " + " and ".join(f"{x(r['simgrid_wall_s'], r['wall_s'])} on {n}" for n, r in sg)
+        out.append(s)
+    for P in sorted({p for _, p in fast}):
+        if P < 4096:
+            continue
+        here = sorted(((float(r["wall_s"]), c) for (c, p), r in fast.items() if p == P), reverse=True)
+        rest = f"; the others at most {f(here[1][0])} s" if len(here) > 1 else ""
+        out.append(f"at P = {P} every collective run takes at most {f(here[0][0])} s ({here[0][1]}{rest})")
+    rss = max(float(r["peak_rss_mb"]) for r in fast.values())
+    return ("Reading the table: " + "; ".join(out) + f". The fast engine's peak resident memory stays under "
+            f"{math.ceil(rss / 10) * 10:.0f} MB (O(P) per round). The dense ring cannot do less than O(P^2) work "
+            "(2P(P - 1) messages); it is not run at P = 65536.")
+
+
+def predict_output() -> str:
+    """``sparsim predict --simulate --network dgx-h100`` with the eight collectives of the cluster-scale page, as it
+    printed (``benchmarks/results/predict.csv``, ``benchmarks/bench_predict.py``), and the command's totals."""
+    rs = rows("predict")
+    lines = [r["line"] for r in rs if r["variant"] == "eight collectives" and r["collective"] != "total"]
+    return provenance("predict") + "\n\n```\n" + "\n".join(lines) + "\n```"
+
+
+def predict_totals() -> str:
+    """Per ``sparsim predict`` run of ``benchmarks/bench_predict.py``: its rows, the whole command's wall seconds and
+    peak memory, and its slowest rows (``benchmarks/results/predict.csv``)."""
+    rs = rows("predict")
+    body = []
+    for variant in dict.fromkeys(r["variant"] for r in rs):
+        mine = [r for r in rs if r["variant"] == variant]
+        data = [r for r in mine if r["P"] and r["collective"] != "total"]
+        tot = next(r for r in mine if r["collective"] == "total")
+        slow = sorted(data, key=lambda r: -float(r["wall_s"]))[:3]
+        body.append([variant, tot["network"], len(data), f(tot["wall_s"], ".3g"), f(tot["peak_rss_mb"], ".0f"),
+                     ", ".join(f"{r['collective']} at {r['P']} ({f(r['wall_s'], '.2g')} s)" for r in slow)])
+    return provenance("predict") + "\n\n" + table(
+        ["run", "network", "rows", "whole command wall s", "peak RSS MB", "slowest rows (wall s)"], body)
+
+
+def predict_presets() -> str:
+    """The flat ring and the hierarchical allreduce on the three presets at each P: simulated and wall seconds
+    (``benchmarks/results/predict.csv``)."""
+    rs = [r for r in rows("predict") if r["P"] and r["collective"] in ("ring", "hier_dense")
+          and r["variant"] != "every algorithm"]
+    body = [[r["network"], r["collective"], r["P"], f(r["simulated_s"], ".4g"), f(r["wall_s"], ".3g")] for r in rs]
+    return provenance("predict") + "\n\n" + table(["network", "collective", "P", "simulated s", "wall s"], body)
+
+
 def growth_exponent(Ps, walls) -> float:
     """b of a least-squares fit log wall = log a + b log P over the points with wall > 5 ms (nan if < 2):
     the rule of ``bench_cluster_scale.py``."""
@@ -643,6 +711,10 @@ BLOCKS: dict[str, tuple[Callable[[], str], str]] = {
     "plan-collectives": (plan_collectives, "benchmarks/results/plan_collectives.csv"),
     "fast-p16k": (fast_p16k, "benchmarks/results/fast_p16k.csv"),
     "ring-kernel": (ring_kernel, "benchmarks/results/ring_kernel.csv"),
+    "cluster-scale-reading": (cluster_scale_reading, "benchmarks/results/cluster_scale.csv"),
+    "predict-output": (predict_output, "benchmarks/results/predict.csv"),
+    "predict-totals": (predict_totals, "benchmarks/results/predict.csv"),
+    "predict-presets": (predict_presets, "benchmarks/results/predict.csv"),
     "advisor-rankings": (advisor_rankings, "docs/results/advisor-validation/rankings.csv"),
     "advisor-summary": (advisor_summary, "docs/results/advisor-validation/rankings.csv"),
     "advisor-cases": (advisor_cases, "docs/results/advisor-validation/cases.csv"),
