@@ -174,6 +174,19 @@ def cluster_scale_reading() -> str:
             "(2P(P - 1) messages); it is not run at P = 65536.")
 
 
+def plan_jobs() -> str:
+    """``sparsim plan --jobs 1`` against ``--jobs 2`` (``benchmarks/results/plan_jobs.csv``,
+    ``benchmarks/bench_plan_jobs.py``): wall and CPU seconds of the whole command and whether plan.csv is the same."""
+    rs = rows("plan_jobs")
+    base = next((r for r in rs if r["jobs"] == "1"), None)
+    body = [[r["jobs"], r["model"], r["network"], r["P"], r["configurations"], f(r["wall_s"], ".3g"),
+             f(r["cpu_s"], ".3g"), f"{float(r['cpu_s']) / float(base['cpu_s']):.2f}x" if base else "",
+             "yes" if r["same_plan_csv"] == "True" else "NO"] for r in rs]
+    return provenance("plan_jobs") + "\n\n" + table(
+        ["--jobs", "model", "network", "P", "configurations", "wall s", "CPU s (with the workers)",
+         "CPU against --jobs 1", "plan.csv the same"], body)
+
+
 def predict_output() -> str:
     """``sparsim predict --simulate --network dgx-h100`` with the eight collectives of the cluster-scale page, as it
     printed (``benchmarks/results/predict.csv``, ``benchmarks/bench_predict.py``), and the command's totals."""
@@ -713,6 +726,7 @@ BLOCKS: dict[str, tuple[Callable[[], str], str]] = {
     "ring-kernel": (ring_kernel, "benchmarks/results/ring_kernel.csv"),
     "cluster-scale-reading": (cluster_scale_reading, "benchmarks/results/cluster_scale.csv"),
     "predict-output": (predict_output, "benchmarks/results/predict.csv"),
+    "plan-jobs": (plan_jobs, "benchmarks/results/plan_jobs.csv"),
     "predict-totals": (predict_totals, "benchmarks/results/predict.csv"),
     "predict-presets": (predict_presets, "benchmarks/results/predict.csv"),
     "advisor-rankings": (advisor_rankings, "docs/results/advisor-validation/rankings.csv"),

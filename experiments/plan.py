@@ -796,7 +796,7 @@ def prefetch_collectives(timer: CollectiveTimer, keys, jobs: int, *, progress: b
     rest at P = 16384) spread over the tasks; all are submitted at once and the pool hands them out as workers free
     up, so the workers stay busy to the end but for the last task. The fast engine's process-wide memos
     (:data:`sim.engine.fastsim.PHASES`, ``ROTATION_ROUTES``) are each worker's own, so the workers together use more
-    CPU than the serial run (about a fifth more for ResNet-50 on gtopk-icdcs at P = 1024); one task per
+    CPU than the serial run (benchmarks/bench_plan_jobs.py measures how much); one task per
     algorithm:collective would keep a memo in one worker but bound the wall time by the costliest group (CLT-k's
     rings at large P). A collective whose simulation raises is left out of the cache, so the caller's serial pass
     simulates it again and raises the error there. Ctrl-C (or any exception here) cancels the tasks not started and
