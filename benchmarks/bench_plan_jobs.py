@@ -66,7 +66,11 @@ def main(argv=None) -> int:
         first = None
         for jobs in (1, 2):
             out = Path(tmp) / f"jobs{jobs}"
-            wall, cpu = run(out, a, jobs)
+            try:
+                wall, cpu = run(out, a, jobs)
+            except RuntimeError as e:  # the command's own one-line error (a bad --model, --network, --P): exit 2
+                print(f"bench_plan_jobs: {e}", file=sys.stderr)
+                return 2
             text = (out / "plan.csv").read_bytes()
             first = text if first is None else first
             with (out / "plan.csv").open(newline="") as fh:

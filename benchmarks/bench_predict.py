@@ -87,7 +87,11 @@ def main(argv=None) -> int:
     print(environment_line(), flush=True)
     rows = []
     for variant, network, extra in VARIANTS:
-        lines, wall, rss = run(a.P, network, extra)
+        try:
+            lines, wall, rss = run(a.P, network, extra)
+        except RuntimeError as e:  # the command's own one-line error (a bad --P): said once, exit 2
+            print(f"bench_predict: {e}", file=sys.stderr)
+            return 2
         rows += rows_of(variant, network, lines, wall, rss)
         print(f"  {variant} ({network}): {wall:.2f} s, {rss:.0f} MB peak", flush=True)
     print(markdown_table(["variant", "network", "wall_s", "peak_rss_mb"],

@@ -60,8 +60,11 @@ def main(argv=None) -> int:
         ap.error(f"--P {a.P} is out of range: valid 16 <= P <= 65536")
     if a.reps < 1:
         ap.error(f"--reps {a.reps} is out of range: valid reps >= 1")
-    cs = [int(x) for x in a.c.split(",")]
-    tiles = [int(x) for x in a.tiles.split(",")]
+    try:
+        cs = [int(x) for x in a.c.split(",")]
+        tiles = [int(x) for x in a.tiles.split(",")]
+    except ValueError:
+        ap.error(f"--c {a.c!r} / --tiles {a.tiles!r}: valid comma lists of integers")
     for c in cs:
         if not 1 <= c < a.P:
             ap.error(f"--c {c} is out of range: valid 1 <= c < P = {a.P}")
