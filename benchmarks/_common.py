@@ -61,6 +61,21 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def out_problem(path: str | os.PathLike) -> str | None:
+    """Why a results CSV could not be written at ``path`` (it is a folder, or its nearest existing ancestor is not a
+    writable folder), or None: checked before a benchmark runs, so a bad ``--out`` is refused at once instead of
+    after the run (:func:`write_csv` creates the missing folders)."""
+    path = Path(path)
+    if path.is_dir():
+        return f"--out {str(path)!r} is a folder: valid a file path"
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        return f"--out {str(path)!r}: {str(parent)!r} is not a writable folder"
+    return None
+
+
 def write_csv(path: str | os.PathLike, header: list[str], rows: list[list]) -> Path:
     """Write ``rows`` under ``header`` to ``path`` (parent folders created); return the path.
     Written to ``path.tmp`` and renamed, so an interrupted write leaves no half-written file. Beside it goes the

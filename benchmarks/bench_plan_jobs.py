@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment_line, markdown_table, write_csv  # noqa: E402
+from _common import environment_line, markdown_table, out_problem, write_csv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ["jobs", "model", "network", "P", "configurations", "wall_s", "cpu_s", "same_plan_csv"]
@@ -60,6 +60,8 @@ def main(argv=None) -> int:
     ap.add_argument("--P", default="1024", help="comma list of worker counts (default 1024)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "plan_jobs.csv")
     a = ap.parse_args(argv)
+    if out_problem(a.out):
+        ap.error(out_problem(a.out))
     print(environment_line(), flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,7 +80,11 @@ def main(argv=None) -> int:
             rows.append([jobs, a.model, a.network, a.P, n, round(wall, 1), round(cpu, 1), text == first])
             print(f"  --jobs {jobs}: {wall:.1f} s wall, {cpu:.1f} s CPU, {n} rows", flush=True)
     print(markdown_table(HEADER, rows))
-    print(f"wrote {write_csv(a.out, HEADER, rows)}")
+    try:
+        print(f"wrote {write_csv(a.out, HEADER, rows)}")
+    except OSError as e:  # --out passed the early check but could not be written (no file is left half-written)
+        print(f"{Path(__file__).name}: --out {str(a.out)!r} could not be written: {e.strerror or e}", file=sys.stderr)
+        return 2
     return 0
 
 

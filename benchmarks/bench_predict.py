@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment_line, markdown_table, write_csv  # noqa: E402
+from _common import environment_line, markdown_table, out_problem, write_csv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ["variant", "network", "P", "collective", "simulated_s", "closed_form_s", "sim_over_closed", "wall_s",
@@ -60,7 +60,8 @@ def run(P: str, network: str, extra: list[str]) -> tuple[list[str], float, float
         out.seek(0)
         err.seek(0)
         if p.returncode != 0:
-            raise RuntimeError(f"sparsim predict exited {p.returncode}: {err.read().strip()}")
+            raise RuntimeError(f"sparsim predict exited {p.returncode}: "
+                               f"{(err.read().strip().splitlines() or ['?'])[-1]}")
         return out.read().splitlines(), wall, usage.ru_maxrss / 1024.0
 
 
@@ -84,6 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--P", default="4096,16384", help="comma list of worker counts (default 4096,16384)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "predict.csv")
     a = ap.parse_args(argv)
+    if out_problem(a.out):
+        ap.error(out_problem(a.out))
     print(environment_line(), flush=True)
     rows = []
     for variant, network, extra in VARIANTS:
@@ -96,7 +99,11 @@ def main(argv=None) -> int:
         print(f"  {variant} ({network}): {wall:.2f} s, {rss:.0f} MB peak", flush=True)
     print(markdown_table(["variant", "network", "wall_s", "peak_rss_mb"],
                          [[r[0], r[1], r[7], r[8]] for r in rows if r[3] == "total"]))
-    print(f"wrote {write_csv(a.out, HEADER, rows)}")
+    try:
+        print(f"wrote {write_csv(a.out, HEADER, rows)}")
+    except OSError as e:  # --out passed the early check but could not be written (no file is left half-written)
+        print(f"{Path(__file__).name}: --out {str(a.out)!r} could not be written: {e.strerror or e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -169,7 +169,8 @@ def cluster_scale_reading() -> str:
         rest = f"; the others at most {f(here[1][0])} s" if len(here) > 1 else ""
         out.append(f"at P = {P} every collective run takes at most {f(here[0][0])} s ({here[0][1]}{rest})")
     rss = max(float(r["peak_rss_mb"]) for r in fast.values())
-    return ("Reading the table: " + "; ".join(out) + f". The fast engine's peak resident memory stays under "
+    return ("Reading the cluster-scale table (SimGrid's wall seconds come from its own run, dated in the SimGrid "
+            "table below): " + "; ".join(out) + f". The fast engine's peak resident memory stays under "
             f"{math.ceil(rss / 10) * 10:.0f} MB (O(P) per round). The dense ring cannot do less than O(P^2) work "
             "(2P(P - 1) messages); it is not run at P = 65536.")
 
@@ -181,7 +182,7 @@ def plan_jobs() -> str:
     base = next((r for r in rs if r["jobs"] == "1"), None)
     body = [[r["jobs"], r["model"], r["network"], r["P"], r["configurations"], f(r["wall_s"], ".3g"),
              f(r["cpu_s"], ".3g"), f"{float(r['cpu_s']) / float(base['cpu_s']):.2f}x" if base else "",
-             "yes" if r["same_plan_csv"] == "True" else "NO"] for r in rs]
+             "(reference)" if r["jobs"] == "1" else "yes" if r["same_plan_csv"] == "True" else "NO"] for r in rs]
     return provenance("plan_jobs") + "\n\n" + table(
         ["--jobs", "model", "network", "P", "configurations", "wall s", "CPU s (with the workers)",
          "CPU against --jobs 1", "plan.csv the same"], body)
@@ -189,7 +190,7 @@ def plan_jobs() -> str:
 
 def predict_output() -> str:
     """``sparsim predict --simulate --network dgx-h100`` with the eight collectives of the cluster-scale page, as it
-    printed (``benchmarks/results/predict.csv``, ``benchmarks/bench_predict.py``), and the command's totals."""
+    printed (``benchmarks/results/predict.csv``, ``benchmarks/bench_predict.py``; the totals: :func:`predict_totals`)."""
     rs = rows("predict")
     lines = [r["line"] for r in rs if r["variant"] == "eight collectives" and r["collective"] != "total"]
     return provenance("predict") + "\n\n```\n" + "\n".join(lines) + "\n```"
@@ -614,10 +615,10 @@ def fast_p16k() -> str:
 def ring_kernel() -> str:
     """The fast engine's ring kernel at one P, tiled by tile width against one pass per round
     (``benchmarks/results/ring_kernel.csv``, ``benchmarks/bench_ring_kernel.py``)."""
-    body = [[r["P"], r["c"], r["variant"], r["tile"], f(r["min_s"], ".3g"), f(r["median_s"], ".3g"),
+    body = [[r["P"], r["c"], r["variant"], r["tile"], r["form"], f(r["min_s"], ".3g"), f(r["median_s"], ".3g"),
              f"{float(r['speedup']):.3g}x", r["same_bits"]] for r in rows("ring_kernel")]
     return provenance("ring_kernel") + "\n\n" + table(
-        ["P", "c", "kernel", "tile", "min wall s", "median wall s", "speed-up", "same bits"], body)
+        ["P", "c", "kernel", "tile", "form that ran", "min wall s", "median wall s", "speed-up", "same bits"], body)
 
 
 PLAN_TOTAL_PARTS = ("all parts", "set-up (resolve_plan)", "whole run")
