@@ -7,6 +7,9 @@
   ratio stays a fair comparison (and, because the shared numerics get cheaper, a stricter one).
 - :func:`markdown_table`, :func:`write_csv` (with its ``<name>.meta.json`` sidecar: when, on what machine, by
   which command), :func:`median`, :func:`profile_by_module`.
+- For scripts that time the ``sparsim`` command as a user runs it: :func:`check_out` (a bad ``--out`` refused before
+  the run), :func:`run_sparsim` (the command in a subprocess, its wall seconds and its own rusage) and
+  :func:`save_results` (the CSV, or one line and exit 2).
 """
 from __future__ import annotations
 
@@ -19,7 +22,10 @@ import platform
 import pstats
 import shlex
 import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -74,6 +80,49 @@ def out_problem(path: str | os.PathLike) -> str | None:
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         return f"--out {str(path)!r}: {str(parent)!r} is not a writable folder"
     return None
+
+
+def check_out(ap, path: str | os.PathLike) -> None:
+    """``ap.error`` (one line, exit 2) when :func:`out_problem` finds ``path`` unwritable; ap: the script's
+    argparse.ArgumentParser."""
+    problem = out_problem(path)
+    if problem:
+        ap.error(problem)
+
+
+def save_results(path: str | os.PathLike, header: list[str], rows: list[list]) -> int:
+    """:func:`write_csv` and print where; returns the script's exit code: 0, or 2 with one line on stderr when the
+    file could not be written after :func:`check_out` passed (no file is left half-written)."""
+    try:
+        print(f"wrote {write_csv(path, header, rows)}")
+    except OSError as e:
+        print(f"{Path(sys.argv[0]).name}: --out {str(path)!r} could not be written: {e.strerror or e}",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_sparsim(args: list[str]) -> tuple[list[str], float, "os.struct_rusage"]:
+    """Run ``sparsim ARGS`` as a user would (``python -c "from experiments.cli import main; main()"``, the console
+    script's entry point, this interpreter, in the repository root, so this checkout's code): (its stdout lines, its
+    wall seconds, its rusage from ``os.wait4``: the child's own, with the children it waited for, e.g. ``--jobs``
+    workers; ru_maxrss in KB). Raises RuntimeError("sparsim CMD exited N: <its stderr's last line>") when it fails."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen([sys.executable, "-c", "from experiments.cli import main; main()", *args], cwd=ROOT,
+                             stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        code = os.waitstatus_to_exitcode(status)
+        p.returncode = code  # reaped here: Popen must not wait for it again
+        out.seek(0)
+        err.seek(0)
+        if code != 0:
+            raise RuntimeError(f"sparsim {args[0]} exited {code}: {(err.read().strip().splitlines() or ['?'])[-1]}")
+        return out.read().splitlines(), wall, usage
 
 
 def write_csv(path: str | os.PathLike, header: list[str], rows: list[list]) -> Path:

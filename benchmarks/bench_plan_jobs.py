@@ -20,35 +20,21 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment_line, markdown_table, out_problem, write_csv  # noqa: E402
+from _common import check_out, environment_line, markdown_table, run_sparsim, save_results  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 HEADER = ["jobs", "model", "network", "P", "configurations", "wall_s", "cpu_s", "same_plan_csv"]
 
 
 def run(out: Path, a, jobs: int) -> tuple[float, float]:
-    """Run the plan with ``jobs`` into ``out``: (wall s, CPU s of the command and its workers). Raises RuntimeError
-    with its stderr's last line when it fails."""
-    cmd = [sys.executable, "-c", "from experiments.cli import main; main()", "plan", "--model", a.model, "--network",
-           a.network, "--P", a.P, "--jobs", str(jobs), "--quiet", "--out", str(out)]
-    with tempfile.TemporaryFile("w+") as err:
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, text=True)
-        _, status, usage = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t0
-        p.returncode = os.waitstatus_to_exitcode(status)
-        if p.returncode != 0:
-            err.seek(0)
-            raise RuntimeError(f"sparsim plan --jobs {jobs} exited {p.returncode}: "
-                               f"{(err.read().strip().splitlines() or ['?'])[-1]}")
+    """Run the plan with ``jobs`` into ``out`` (:func:`_common.run_sparsim`): (wall s, CPU s of the command and its
+    workers). Raises RuntimeError with its stderr's last line when it fails."""
+    _, wall, usage = run_sparsim(["plan", "--model", a.model, "--network", a.network, "--P", a.P, "--jobs", str(jobs),
+                                  "--quiet", "--out", str(out)])
     return wall, usage.ru_utime + usage.ru_stime
 
 
@@ -60,8 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--P", default="1024", help="comma list of worker counts (default 1024)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "plan_jobs.csv")
     a = ap.parse_args(argv)
-    if out_problem(a.out):
-        ap.error(out_problem(a.out))
+    check_out(ap, a.out)
     print(environment_line(), flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -80,12 +65,7 @@ def main(argv=None) -> int:
             rows.append([jobs, a.model, a.network, a.P, n, round(wall, 1), round(cpu, 1), text == first])
             print(f"  --jobs {jobs}: {wall:.1f} s wall, {cpu:.1f} s CPU, {n} rows", flush=True)
     print(markdown_table(HEADER, rows))
-    try:
-        print(f"wrote {write_csv(a.out, HEADER, rows)}")
-    except OSError as e:  # --out passed the early check but could not be written (no file is left half-written)
-        print(f"{Path(__file__).name}: --out {str(a.out)!r} could not be written: {e.strerror or e}", file=sys.stderr)
-        return 2
-    return 0
+    return save_results(a.out, HEADER, rows)
 
 
 if __name__ == "__main__":

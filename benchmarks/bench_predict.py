@@ -21,17 +21,12 @@ Example:
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment_line, markdown_table, out_problem, write_csv  # noqa: E402
+from _common import check_out, environment_line, markdown_table, run_sparsim, save_results  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 HEADER = ["variant", "network", "P", "collective", "simulated_s", "closed_form_s", "sim_over_closed", "wall_s",
           "peak_rss_mb", "line"]
 #: The cluster-scale page's eight columns (flat collectives and the hierarchical ones).
@@ -42,27 +37,11 @@ VARIANTS = [("eight collectives", "dgx-h100", ["--collectives", EIGHT]), ("every
             ("shared NIC and PCIe", "gtopk-icdcs", ["--collectives", "ring,hier_dense"])]
 
 
-def command(P: str, network: str, extra: list[str]) -> list[str]:
-    """The ``sparsim predict`` command line of one variant (argv list, this interpreter)."""
-    return [sys.executable, "-c", "from experiments.cli import main; main()", "predict", "--simulate", "--network",
-            network, "--P", P, *extra]
-
-
 def run(P: str, network: str, extra: list[str]) -> tuple[list[str], float, float]:
-    """Run one variant: (its stdout lines, wall seconds, the child's own peak RSS in MB, from ``os.wait4``). Raises
-    RuntimeError with the child's stderr when it fails."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        t0 = time.perf_counter()
-        p = subprocess.Popen(command(P, network, extra), cwd=ROOT, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t0
-        p.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        if p.returncode != 0:
-            raise RuntimeError(f"sparsim predict exited {p.returncode}: "
-                               f"{(err.read().strip().splitlines() or ['?'])[-1]}")
-        return out.read().splitlines(), wall, usage.ru_maxrss / 1024.0
+    """Run one variant (:func:`_common.run_sparsim`): (its stdout lines, wall seconds, the child's own peak RSS in
+    MB). Raises RuntimeError with the child's last stderr line when it fails."""
+    lines, wall, usage = run_sparsim(["predict", "--simulate", "--network", network, "--P", P, *extra])
+    return lines, wall, usage.ru_maxrss / 1024.0
 
 
 def rows_of(variant: str, network: str, lines: list[str], wall: float, rss: float) -> list[list]:
@@ -85,8 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--P", default="4096,16384", help="comma list of worker counts (default 4096,16384)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "predict.csv")
     a = ap.parse_args(argv)
-    if out_problem(a.out):
-        ap.error(out_problem(a.out))
+    check_out(ap, a.out)
     print(environment_line(), flush=True)
     rows = []
     for variant, network, extra in VARIANTS:
@@ -99,12 +77,7 @@ def main(argv=None) -> int:
         print(f"  {variant} ({network}): {wall:.2f} s, {rss:.0f} MB peak", flush=True)
     print(markdown_table(["variant", "network", "wall_s", "peak_rss_mb"],
                          [[r[0], r[1], r[7], r[8]] for r in rows if r[3] == "total"]))
-    try:
-        print(f"wrote {write_csv(a.out, HEADER, rows)}")
-    except OSError as e:  # --out passed the early check but could not be written (no file is left half-written)
-        print(f"{Path(__file__).name}: --out {str(a.out)!r} could not be written: {e.strerror or e}", file=sys.stderr)
-        return 2
-    return 0
+    return save_results(a.out, HEADER, rows)
 
 
 if __name__ == "__main__":

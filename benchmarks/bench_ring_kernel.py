@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's sim, not an installed one
-from _common import environment_line, markdown_table, out_problem, write_csv  # noqa: E402
+from _common import check_out, environment_line, markdown_table, save_results  # noqa: E402
 
 from sim.engine import _fast_numba as K  # noqa: E402
 
@@ -59,8 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="timed calls per variant (default 3)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "ring_kernel.csv")
     a = ap.parse_args(argv)
-    if out_problem(a.out):
-        ap.error(out_problem(a.out))
+    check_out(ap, a.out)
     if not 16 <= a.P <= 65536:
         ap.error(f"--P {a.P} is out of range: valid 16 <= P <= 65536")
     if a.n < 1:
@@ -117,12 +116,7 @@ def main(argv=None) -> int:
                          round(statistics.median(times[v]), 4), round(base / min(times[v]), 2), same[v]])
             print(f"  P = {a.P} c = {c} {v[0]:<20} tile {v[1]}: {min(times[v]):.3f} s", flush=True)
     print(markdown_table(HEADER, rows))
-    try:
-        print(f"wrote {write_csv(a.out, HEADER, rows)}")
-    except OSError as e:  # --out passed the early check but could not be written (no file is left half-written)
-        print(f"{Path(__file__).name}: --out {str(a.out)!r} could not be written: {e.strerror or e}", file=sys.stderr)
-        return 2
-    return 0
+    return save_results(a.out, HEADER, rows)
 
 
 if __name__ == "__main__":
