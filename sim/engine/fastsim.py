@@ -501,12 +501,12 @@ class FastCluster:
         lat = np.array(np.broadcast_to(L, (P,)), dtype=np.float64)
         inv_ = np.array(np.broadcast_to(inv, (P,)), dtype=np.float64)
         # ComputeModel.seconds_all("reduce", w) = reduce_coeff_s * w; a reduce that costs nothing is not charged
-        work_at = np.full(rounds, -1, dtype=np.int64) if "reduce" in self._free_kinds else np.array(t.reduce_at)
+        work_at = np.full(rounds, -1, dtype=np.int64) if "reduce" in self._free_kinds else t.reduce_at
         ready = self.ready.copy()
         busy = self._busy[CATEGORY_OF_KIND["reduce"]].copy()
         # integer sizes as float64, the conversion numpy makes in nb * inv (exact below 2^53; vectorises)
         K.ring_run(ready, int(t.c), lat, inv_, t.sizes_b.astype(np.float64), np.array(t.send_at, dtype=np.int64),
-                   float(self.model.reduce_coeff_s), t.elems.astype(np.float64), work_at.astype(np.int64), busy)
+                   float(self.model.reduce_coeff_s), t.elems.astype(np.float64), np.array(work_at, dtype=np.int64), busy)
         self.ready = ready
         self._busy[CATEGORY_OF_KIND["reduce"]] = busy
         self.messages += P * rounds
